@@ -1,0 +1,1 @@
+"""dataload: planned (see the issues); empty for now."""

@@ -1,0 +1,1 @@
+"""kvstore: planned (see the issues); empty for now."""

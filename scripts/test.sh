@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The whole test suite: sets up .venv if needed, then ruff and pytest.
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+ruff check .
+ruff format --check . || { echo "ruff format: run 'ruff format .'"; exit 1; }
+python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""server: planned (see the issues); empty for now."""

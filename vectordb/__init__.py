@@ -1,0 +1,1 @@
+"""vectordb: planned (see the issues); empty for now."""
