@@ -94,7 +94,7 @@ def as_buffer(obj: Any) -> BufferRef:
 def aligned_empty(
     size_bytes: int, alignment_bytes: int = PAGE_SIZE_BYTES, dtype: Any = np.uint8
 ) -> np.ndarray:
-    """A C-contiguous, uninitialised numpy array whose data starts on an ``alignment_bytes`` boundary.
+    """An uninitialised C-contiguous numpy array starting on an ``alignment_bytes`` boundary.
 
     Requires: ``alignment_bytes`` is a power of two; ``size_bytes`` a multiple of the dtype size.
     """

@@ -17,6 +17,7 @@ by exactly one in-flight request; ``_pending`` holds batches whose rows are not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import os
@@ -244,10 +245,8 @@ class UringEngine(IOEngine):
 
     # ------------------------------------------------------------------ completion
     def _on_wakeup(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._eventfd)
-        except BlockingIOError:
-            pass
         if self._ring is not None:
             self._enter()  # runs deferred completions and submits anything left queued
             self._pump()
