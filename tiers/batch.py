@@ -24,7 +24,7 @@ from tiers.errors import AlignmentError, EngineClosedError, InvalidArgumentError
 if TYPE_CHECKING:
     from tiers.engine import FileHandle
 
-__all__ = ["IOBatch", "Op", "ReadRequest", "WriteRequest"]
+__all__ = ["FDATASYNC", "FSYNC", "READ", "WRITE", "IOBatch", "Op", "ReadRequest", "WriteRequest"]
 
 
 class Op(IntEnum):
@@ -52,17 +52,28 @@ class WriteRequest:
     buffer: Any
 
 
+READ, WRITE, FSYNC, FDATASYNC = (int(op) for op in Op)  # plain ints for the hot path
+_MAX_REQUEST_BYTES = 0x7FFFF000  # Linux moves at most this much in one read/write
+
+
 class IOBatch:
-    """Parallel arrays, one row per request: op, file, address, length, offset."""
+    """Parallel arrays, one row per request: op, file, address, length, offset.
+
+    ``op`` and ``file`` are the batch-wide op and file when every row shares them (the common
+    case, which engines serve without per-row work), else -1 and None.
+    """
 
     __slots__ = (
         "addresses",
+        "base",
         "errors",
+        "file",
         "file_counts",
         "files",
         "future",
         "lengths",
         "offsets",
+        "op",
         "ops",
         "owners",
         "pending",
@@ -77,6 +88,8 @@ class IOBatch:
         lengths: np.ndarray,
         offsets: np.ndarray,
         owners: list[Any],
+        op: int | None = None,
+        file: FileHandle | None = None,
     ) -> None:
         self.ops = ops  # uint8[n], Op values
         self.files = files  # one per row; shared objects for a single-file batch
@@ -84,11 +97,18 @@ class IOBatch:
         self.lengths = lengths  # int64[n]
         self.offsets = offsets  # int64[n], file offsets
         self.owners = owners  # keeps the caller's buffers alive while I/O is in flight
+        if op is None:
+            op = int(ops[0]) if len(ops) and (ops == ops[0]).all() else -1
+        if file is None and files and all(f is files[0] for f in files):
+            file = files[0]
+        self.op = op
+        self.file = file
         self.results = np.zeros(len(ops), dtype=np.int64)
         self.errors: dict[int, BaseException] = {}
         self.future: Any = None  # set by IOEngine.run: resolved when the batch is done
         self.file_counts: dict[Any, int] = {}  # requests per file, for draining on close
         self.pending = 0  # engine-private: requests not yet finished
+        self.base: BufferRef | None = None  # the one buffer every row lies in, when known
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -96,6 +116,8 @@ class IOBatch:
     @classmethod
     def from_requests(cls, requests: list[ReadRequest | WriteRequest]) -> IOBatch:
         n = len(requests)
+        if not n:
+            raise InvalidArgumentError("an empty batch")
         ops = np.empty(n, np.uint8)
         addresses = np.empty(n, np.uint64)
         lengths = np.empty(n, np.int64)
@@ -108,7 +130,7 @@ class IOBatch:
             ref = as_buffer(request.buffer)
             if is_read and not ref.writable:
                 raise InvalidArgumentError(f"request {i}: read into a read-only buffer")
-            ops[i] = Op.READ if is_read else Op.WRITE
+            ops[i] = READ if is_read else WRITE
             addresses[i] = ref.address
             lengths[i] = ref.size_bytes
             offsets[i] = request.offset_bytes
@@ -120,77 +142,92 @@ class IOBatch:
     @classmethod
     def for_one_buffer(
         cls,
-        op: Op,
+        op: int,
         file: FileHandle,
         buffer: Any,
         file_offsets: np.ndarray,
-        lengths: np.ndarray,
+        lengths: np.ndarray | int,
         buffer_offsets: np.ndarray | None,
     ) -> IOBatch:
         """Many requests on one file, each into (or from) a slice of one buffer; vectorised."""
         ref: BufferRef = as_buffer(buffer)
-        if op == Op.READ and not ref.writable:
+        if op == READ and not ref.writable:
             raise InvalidArgumentError("read into a read-only buffer")
-        file_offsets = np.asarray(file_offsets, dtype=np.int64).reshape(-1)
-        n = len(file_offsets)
-        lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (n,)).copy()
-        if buffer_offsets is None:
-            buffer_offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        buffer_offsets = np.asarray(buffer_offsets, dtype=np.int64).reshape(-1)
-        if len(buffer_offsets) != n:
-            raise InvalidArgumentError("buffer_offsets and file_offsets differ in length")
-        if n and (buffer_offsets.min() < 0 or (buffer_offsets + lengths).max() > ref.size_bytes):
-            raise InvalidArgumentError(
-                f"a request runs past the end of the {ref.size_bytes}-byte buffer"
-            )
-        addresses = buffer_offsets.astype(np.uint64) + np.uint64(ref.address)
+        offsets = np.array(file_offsets, dtype=np.int64, copy=True).reshape(-1)
+        n = len(offsets)
+        if not n:
+            raise InvalidArgumentError("an empty batch")
+        if isinstance(lengths, int | np.integer) and buffer_offsets is None:
+            size = int(lengths)  # the common case: equal slices packed back to back
+            if size < 0 or n * size > ref.size_bytes:
+                raise InvalidArgumentError(
+                    f"{n} requests of {size} bytes do not fit the {ref.size_bytes}-byte buffer"
+                )
+            lengths = np.full(n, size, np.int64)
+            addresses = np.arange(ref.address, ref.address + n * size, size or 1, np.uint64)[:n]
+        else:
+            lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (n,)).copy()
+            if buffer_offsets is None:
+                buffer_offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            buffer_offsets = np.asarray(buffer_offsets, dtype=np.int64).reshape(-1)
+            if len(buffer_offsets) != n:
+                raise InvalidArgumentError("buffer_offsets and file_offsets differ in length")
+            if buffer_offsets.min() < 0 or (buffer_offsets + lengths).max() > ref.size_bytes:
+                raise InvalidArgumentError(
+                    f"a request runs past the end of the {ref.size_bytes}-byte buffer"
+                )
+            addresses = buffer_offsets.astype(np.uint64) + np.uint64(ref.address)
         ops = np.full(n, op, np.uint8)
-        batch = cls(ops, [file] * n, addresses, lengths, file_offsets.copy(), [ref.owner])
+        batch = cls(ops, [file] * n, addresses, lengths, offsets, [ref.owner], op, file)
+        batch.base = ref
         batch.validate()
         return batch
 
     @classmethod
     def for_sync(cls, file: FileHandle, datasync: bool) -> IOBatch:
-        op = Op.FDATASYNC if datasync else Op.FSYNC
+        op = FDATASYNC if datasync else FSYNC
         zeros = np.zeros(1, np.int64)
-        return cls(np.full(1, op, np.uint8), [file], np.zeros(1, np.uint64), zeros, zeros, [])
+        return cls(
+            np.full(1, op, np.uint8), [file], np.zeros(1, np.uint64), zeros, zeros, [], op, file
+        )
 
     def validate(self) -> None:
         """Reject bad requests before any is issued (so a batch fails whole, not half-done)."""
-        n = len(self)
-        if not n:
-            return
         if self.offsets.min() < 0:
             raise InvalidArgumentError(f"negative file offset {int(self.offsets.min())}")
-        if self.lengths.min() < 0:
+        low, high = self.lengths.min(), self.lengths.max()
+        if low < 0:
             raise InvalidArgumentError("negative length")
-        if self.lengths.max() > 0x7FFFF000:
+        if high > _MAX_REQUEST_BYTES:
             raise InvalidArgumentError("a single request may move at most 2 GiB - 4 KiB")
-        first = self.files[0]
-        single_file = all(f is first for f in self.files)
-        for file in (first,) if single_file else dict.fromkeys(self.files):
+        files = (self.file,) if self.file is not None else tuple(dict.fromkeys(self.files))
+        for file in files:
             if file.closed:
                 raise EngineClosedError(f"file {file.path!r} is closed")
-        writes = self.ops == Op.WRITE
-        if writes.any():
-            for i in np.flatnonzero(writes)[: 1 if single_file else None]:
+        if self.op == WRITE and not self.files[0].writable:
+            raise InvalidArgumentError(f"{self.files[0].path!r} was not opened for writing")
+        if self.op == -1:
+            for i in np.flatnonzero(self.ops == WRITE).tolist():
                 if not self.files[i].writable:
                     raise InvalidArgumentError(f"{self.files[i].path!r} was not opened for writing")
-        self._check_alignment(single_file)
+        if any(f.direct for f in files):
+            self._check_alignment()
 
-    def _check_alignment(self, single_file: bool) -> None:
-        if single_file:
-            align = self.files[0].alignment_bytes if self.files[0].direct else 0
-            if not align:
+    def _check_alignment(self) -> None:
+        if self.file is not None:
+            mask = self.file.alignment_bytes - 1
+            merged = np.bitwise_or.reduce(
+                self.offsets | self.lengths | self.addresses.view(np.int64)
+            )
+            if not int(merged) & mask or self.op >= FSYNC:
                 return
-            masks = np.full(len(self), align - 1, np.int64)
+            masks: np.ndarray | int = mask
         else:
             masks = np.array(
                 [(f.alignment_bytes - 1) if f.direct else 0 for f in self.files], np.int64
             )
-        addresses = self.addresses.astype(np.int64)
-        bad = ((self.offsets | self.lengths | addresses) & masks) != 0
-        bad &= self.ops <= Op.WRITE
+        bad = ((self.offsets | self.lengths | self.addresses.view(np.int64)) & masks) != 0
+        bad &= self.ops <= WRITE
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise AlignmentError(

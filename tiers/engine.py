@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tiers.batch import IOBatch, Op, ReadRequest, WriteRequest
+from tiers.batch import READ, WRITE, IOBatch, ReadRequest, WriteRequest
 from tiers.buffers import PAGE_SIZE_BYTES
 from tiers.env import Env, default_env
 from tiers.errors import (
@@ -228,7 +228,7 @@ class IOEngine(abc.ABC):
 
         Returns: int64[n] bytes read per request.
         """
-        batch = IOBatch.for_one_buffer(Op.READ, file, buffer, file_offsets, lengths, buffer_offsets)
+        batch = IOBatch.for_one_buffer(READ, file, buffer, file_offsets, lengths, buffer_offsets)
         await self.run(batch)
         return batch.results
 
@@ -241,9 +241,7 @@ class IOEngine(abc.ABC):
         buffer_offsets: np.ndarray | None = None,
     ) -> np.ndarray:
         """Vectorised batch of writes, the mirror of :meth:`read_batch`."""
-        batch = IOBatch.for_one_buffer(
-            Op.WRITE, file, buffer, file_offsets, lengths, buffer_offsets
-        )
+        batch = IOBatch.for_one_buffer(WRITE, file, buffer, file_offsets, lengths, buffer_offsets)
         await self.run(batch)
         return batch.results
 
@@ -258,9 +256,8 @@ class IOEngine(abc.ABC):
         the buffers alive and the accounting straight), and ``aclose`` still waits for it.
         """
         self._check_open()
-        first = batch.files[0]
-        if all(f is first for f in batch.files):
-            counts: dict[FileHandle, int] = {first: len(batch)}
+        if batch.file is not None:
+            counts: dict[FileHandle, int] = {batch.file: len(batch)}
         else:
             counts = Counter(batch.files)
         for file, count in counts.items():
@@ -291,9 +288,14 @@ class IOEngine(abc.ABC):
         counters = self.counters
         counters["batches"] += 1
         counters["requests"] += len(batch)
-        reads = batch.ops == Op.READ
-        counters["bytes_read"] += int(batch.results[reads].sum())
-        counters["bytes_written"] += int(batch.results[~reads].sum())
+        if batch.op == READ:
+            counters["bytes_read"] += int(batch.results.sum())
+        elif batch.op == WRITE:
+            counters["bytes_written"] += int(batch.results.sum())
+        elif batch.op == -1:
+            reads = batch.ops == READ
+            counters["bytes_read"] += int(batch.results[reads].sum())
+            counters["bytes_written"] += int(batch.results[~reads].sum())
         counters["errors"] += len(batch.errors)
         if not batch.future.done():
             batch.future.set_result(None)

@@ -39,9 +39,11 @@ __all__ = ["EngineContract", "run"]
 
 T = TypeVar("T")
 FILE_SIZE_BYTES = 1 << 20
-_HYPOTHESIS = settings(max_examples=40, deadline=None,
-                       suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                              HealthCheck.differing_executors])
+_HYPOTHESIS = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
+)
 
 
 def run(factory: Callable[[], Awaitable[T]]) -> T:
@@ -76,8 +78,9 @@ class EngineContract:
     def make_engine(self, queue_depth: int = 32) -> IOEngine:
         raise NotImplementedError
 
-    async def _with_engine(self, body: Callable[[IOEngine], Awaitable[T]],
-                           queue_depth: int = 32) -> T:
+    async def _with_engine(
+        self, body: Callable[[IOEngine], Awaitable[T]], queue_depth: int = 32
+    ) -> T:
         engine = self.make_engine(queue_depth)
         try:
             return await body(engine)
@@ -89,8 +92,13 @@ class EngineContract:
 
     # --------------------------------------------------------------- round trips
     @_HYPOTHESIS
-    @given(st.lists(st.tuples(st.integers(0, FILE_SIZE_BYTES + 100), st.integers(0, 70_000)),
-                    min_size=1, max_size=24))
+    @given(
+        st.lists(
+            st.tuples(st.integers(0, FILE_SIZE_BYTES + 100), st.integers(0, 70_000)),
+            min_size=1,
+            max_size=24,
+        )
+    )
     def test_reads_match_pread(self, tmp_path: Path, spans: list[tuple[int, int]]) -> None:
         path = tmp_path / "data-7.bin"
         if not path.exists():
@@ -99,8 +107,9 @@ class EngineContract:
 
         async def body(engine: IOEngine) -> list[int]:
             file = await engine.open(path)
-            return await engine.submit([ReadRequest(file, off, buf)
-                                        for (off, _), buf in zip(spans, buffers, strict=True)])
+            return await engine.submit(
+                [ReadRequest(file, off, buf) for (off, _), buf in zip(spans, buffers, strict=True)]
+            )
 
         results = self.go(body)
         for (offset, size), buf, got in zip(spans, buffers, results, strict=True):
@@ -110,8 +119,13 @@ class EngineContract:
             assert (buf[got:] == 0xAB).all()  # nothing written past EOF
 
     @_HYPOTHESIS
-    @given(st.lists(st.tuples(st.integers(0, 200_000), st.binary(min_size=0, max_size=9000)),
-                    min_size=1, max_size=16))
+    @given(
+        st.lists(
+            st.tuples(st.integers(0, 200_000), st.binary(min_size=0, max_size=9000)),
+            min_size=1,
+            max_size=16,
+        )
+    )
     def test_writes_match_model(self, tmp_path: Path, writes: list[tuple[int, bytes]]) -> None:
         path = tmp_path / "w.bin"
         path.write_bytes(b"")
@@ -135,8 +149,12 @@ class EngineContract:
         torch = pytest.importorskip("torch")
         path = _random_file(tmp_path)
         expected = _pread(path, 4096, 8192)
-        targets: list[Any] = [bytearray(8192), np.zeros(2048, np.float32),
-                              memoryview(bytearray(8192)), torch.zeros(4096, dtype=torch.int16)]
+        targets: list[Any] = [
+            bytearray(8192),
+            np.zeros(2048, np.float32),
+            memoryview(bytearray(8192)),
+            torch.zeros(4096, dtype=torch.int16),
+        ]
 
         async def body(engine: IOEngine) -> None:
             file = await engine.open(path)
@@ -160,7 +178,7 @@ class EngineContract:
 
         assert self.go(body).tolist() == [5000] * 4
         for off, slot in zip(offsets, slots, strict=True):
-            assert buffer[slot:slot + 5000].tobytes() == _pread(path, int(off), 5000)
+            assert buffer[slot : slot + 5000].tobytes() == _pread(path, int(off), 5000)
 
     # --------------------------------------------------------------- O_DIRECT
     def test_direct_reads_and_writes(self, tmp_path: Path) -> None:
@@ -182,18 +200,22 @@ class EngineContract:
         self.go(body)
         for i, off in enumerate(offsets.tolist()):
             if not 8192 <= off < 8192 + payload.size:
-                assert buffer[i * 4096:(i + 1) * 4096].tobytes() == _pread(path, off, 4096)
+                assert buffer[i * 4096 : (i + 1) * 4096].tobytes() == _pread(path, off, 4096)
         assert _pread(path, 8192, payload.size) == payload.tobytes()
 
     @pytest.mark.parametrize("case", ["offset", "length", "address"])
-    def test_misaligned_direct_request_is_refused_before_io(self, tmp_path: Path,
-                                                            case: str) -> None:
+    def test_misaligned_direct_request_is_refused_before_io(
+        self, tmp_path: Path, case: str
+    ) -> None:
         if not self.direct_io:
             pytest.skip("engine runs without O_DIRECT here")
         path = _random_file(tmp_path)
         base = aligned_empty(3 * 4096)
-        offset, buffer = {"offset": (100, base[:4096]), "length": (0, base[:1000]),
-                          "address": (0, base[8:4104])}[case]
+        offset, buffer = {
+            "offset": (100, base[:4096]),
+            "length": (0, base[:1000]),
+            "address": (0, base[8:4104]),
+        }[case]
 
         async def body(engine: IOEngine) -> None:
             file = await engine.open(path, direct=True)
@@ -222,9 +244,13 @@ class EngineContract:
 
         async def body(engine: IOEngine) -> list[int]:
             file = await engine.open(path)
-            results = await engine.submit([ReadRequest(file, 4000, bytearray(3000)),
-                                           ReadRequest(file, 9000, bytearray(10)),
-                                           ReadRequest(file, 0, bytearray(0))])
+            results = await engine.submit(
+                [
+                    ReadRequest(file, 4000, bytearray(3000)),
+                    ReadRequest(file, 9000, bytearray(10)),
+                    ReadRequest(file, 0, bytearray(0)),
+                ]
+            )
             with pytest.raises(UnexpectedEOFError) as info:
                 await engine.read_exactly_into(file, 4000, bytearray(3000))
             assert info.value.filename == str(path) and info.value.offset_bytes == 5000
@@ -292,15 +318,19 @@ class EngineContract:
 
         async def body(engine: IOEngine) -> None:
             file = await engine.open(path)
-            results = await asyncio.gather(*(engine.read_batch(file, buf, plan, 5000)
-                                             for plan, buf in zip(plans, buffers, strict=True)))
+            results = await asyncio.gather(
+                *(
+                    engine.read_batch(file, buf, plan, 5000)
+                    for plan, buf in zip(plans, buffers, strict=True)
+                )
+            )
             assert all((r == 5000).all() for r in results)
 
         self.go(body, queue_depth=16)  # 1000 requests through 16 slots
         data = path.read_bytes()
         for plan, buf in zip(plans, buffers, strict=True):
             for i, off in enumerate(plan.tolist()):
-                assert buf[i * 5000:(i + 1) * 5000].tobytes() == data[off:off + 5000]
+                assert buf[i * 5000 : (i + 1) * 5000].tobytes() == data[off : off + 5000]
 
     def test_close_with_io_in_flight(self, tmp_path: Path) -> None:
         path = _random_file(tmp_path)
@@ -310,8 +340,9 @@ class EngineContract:
         async def body() -> None:
             engine = self.make_engine(8)
             file = await engine.open(path)
-            tasks = [asyncio.ensure_future(engine.read_batch(file, b, offsets, 4096))
-                     for b in buffers]
+            tasks = [
+                asyncio.ensure_future(engine.read_batch(file, b, offsets, 4096)) for b in buffers
+            ]
             await asyncio.sleep(0)
             await engine.aclose()  # waits for accepted batches
             assert all(t.done() for t in tasks)
@@ -333,7 +364,8 @@ class EngineContract:
         async def body(engine: IOEngine) -> None:
             file = await engine.open(path)
             task = asyncio.ensure_future(
-                engine.read_batch(file, buffer, np.arange(0, FILE_SIZE_BYTES, 4096), 4096))
+                engine.read_batch(file, buffer, np.arange(0, FILE_SIZE_BYTES, 4096), 4096)
+            )
             await asyncio.sleep(0)
             task.cancel()  # a no-op when the engine already finished the batch inline
             await asyncio.gather(task, return_exceptions=True)
@@ -367,4 +399,3 @@ class EngineContract:
         stats = self.go(body)
         assert stats["bytes_written"] == 100 and stats["bytes_read"] == 60
         assert stats["requests"] == 2 and stats["errors"] == 0
-

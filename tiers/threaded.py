@@ -1,21 +1,26 @@
 """ThreadEngine: the reference engine and the fallback, a thread pool issuing preadv/pwritev.
 
-Every request of a batch is queued at once to ``queue_depth`` worker threads, each doing blocking
-``preadv``/``pwritev`` (the GIL is released in the syscall) straight into the caller's buffer.
-One ``call_soon_threadsafe`` per batch hands the finished batch back to the loop: the cost per
-I/O is a queue hand-off, not an asyncio future. All OS calls go through the engine's ``Env``.
+A batch is handed to up to ``queue_depth`` worker threads at once; each worker claims rows from
+the batch's shared cursor and does blocking ``preadv``/``pwritev`` (the GIL is released in the
+syscall) straight into the caller's buffer, so up to ``queue_depth`` requests are in flight
+and a worker takes its next row the moment its last one finishes. One ``call_soon_threadsafe``
+per batch hands the finished batch back to the loop. All OS calls go through the engine's Env.
 
-Concurrency: ``_start`` runs in the loop thread; workers touch only their own request rows of a
-batch and the batch's ``pending`` count (guarded by ``self._lock``).
+Concurrency: ``_start`` runs in the loop thread; workers touch only the rows they claimed and
+the batch's ``pending`` count (guarded by ``self._lock``). ``itertools.count`` hands out rows
+atomically (its ``__next__`` runs under the GIL without releasing it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 
-from tiers.batch import IOBatch, Op
+import numpy as np
+
+from tiers.batch import FDATASYNC, FSYNC, READ, IOBatch
 from tiers.buffers import BufferRef
 from tiers.engine import FileHandle, IOEngine
 from tiers.env import Env
@@ -26,6 +31,22 @@ __all__ = ["ThreadEngine"]
 _STOP = None
 
 
+class _Share:
+    """One batch as seen by its workers: the row cursor and a view of its one buffer."""
+
+    __slots__ = ("addresses", "batch", "cursor", "lengths", "offsets", "view")
+
+    def __init__(self, batch: IOBatch) -> None:
+        self.batch = batch
+        self.cursor = itertools.count()
+        self.view = batch.base.memoryview() if batch.base is not None else None
+        # plain lists: workers index them without numpy scalar overhead (less GIL held per I/O)
+        self.offsets = batch.offsets.tolist()
+        self.lengths = batch.lengths.tolist()
+        base = batch.base.address if batch.base is not None else 0
+        self.addresses = (batch.addresses - np.uint64(base)).tolist()
+
+
 class ThreadEngine(IOEngine):
     """Thread-pool engine: works wherever ``os.preadv`` does."""
 
@@ -33,7 +54,7 @@ class ThreadEngine(IOEngine):
 
     def __init__(self, queue_depth: int = 64, env: Env | None = None) -> None:
         super().__init__(queue_depth, env)
-        self._queue: queue.SimpleQueue[tuple[IOBatch, int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Share | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -41,20 +62,15 @@ class ThreadEngine(IOEngine):
     def _start(self, batch: IOBatch) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        n = len(batch)
-        live = n - int((batch.lengths == 0).sum()) if n else 0
-        batch.pending = live
-        if not live:
-            self._complete(batch)
-            return
-        self._grow_pool(live)
-        put = self._queue.put
-        for index in range(n):
-            if batch.lengths[index] or batch.ops[index] >= Op.FSYNC:
-                put((batch, index))
+        batch.pending = len(batch)
+        share = _Share(batch)
+        helpers = min(len(batch), self.queue_depth)
+        self._grow_pool(helpers)
+        for _ in range(helpers):
+            self._queue.put(share)
 
     def _grow_pool(self, wanted: int) -> None:
-        while len(self._workers) < min(wanted, self.queue_depth):
+        while len(self._workers) < wanted:
             worker = threading.Thread(
                 target=self._work, name=f"tierkit-io-{len(self._workers)}", daemon=True
             )
@@ -63,36 +79,53 @@ class ThreadEngine(IOEngine):
 
     def _work(self) -> None:
         get = self._queue.get
-        while (item := get()) is not _STOP:
-            batch, index = item
-            try:
-                batch.results[index] = self._transfer(batch, index)
-            except OSError as exc:
-                batch.errors[index] = _typed(exc, batch, index)
-            except BaseException as exc:  # keep the worker alive; report to the caller
-                batch.errors[index] = exc
+        while (share := get()) is not _STOP:
+            batch = share.batch
+            n = len(batch)
+            done = 0
+            for row in share.cursor:
+                if row >= n:
+                    break
+                self._run_row(share, row)
+                done += 1
+            if not done:
+                continue
             with self._lock:
-                batch.pending -= 1
-                done = batch.pending == 0
-            if done:
+                batch.pending -= done
+                finished = batch.pending == 0
+            if finished:
                 assert self._loop is not None
                 self._loop.call_soon_threadsafe(self._complete, batch)
 
-    def _transfer(self, batch: IOBatch, index: int) -> int:
-        op = batch.ops[index]
-        file: FileHandle = batch.files[index]
-        if op >= Op.FSYNC:
-            (self.env.fdatasync if op == Op.FDATASYNC else self.env.fsync)(file.fd)
+    def _run_row(self, share: _Share, row: int) -> None:
+        batch = share.batch
+        try:
+            batch.results[row] = self._transfer(share, row)
+        except OSError as exc:
+            batch.errors[row] = _typed(exc, batch, row)
+        except BaseException as exc:  # keep the worker alive; report to the caller
+            batch.errors[row] = exc
+
+    def _transfer(self, share: _Share, row: int) -> int:
+        batch = share.batch
+        op = batch.op if batch.op >= 0 else int(batch.ops[row])
+        file: FileHandle = batch.file or batch.files[row]
+        if op >= FSYNC:
+            (self.env.fdatasync if op == FDATASYNC else self.env.fsync)(file.fd)
             return 0
-        length = int(batch.lengths[index])
-        offset = int(batch.offsets[index])
-        view = BufferRef(int(batch.addresses[index]), length, True, None).memoryview()
-        call = self.env.preadv if op == Op.READ else self.env.pwritev
+        length = share.lengths[row]
+        offset = share.offsets[row]
+        if share.view is not None:
+            start = share.addresses[row]
+            target = share.view[start : start + length]
+        else:
+            target = BufferRef(share.addresses[row], length, True, None).memoryview()
+        call = self.env.preadv if op == READ else self.env.pwritev
         done = 0
         while done < length:
-            moved = call(file.fd, [view[done:]], offset + done)
+            moved = call(file.fd, [target[done:] if done else target], offset + done)
             if moved <= 0:
-                if op == Op.READ:
+                if op == READ:
                     break  # end of file
                 raise OSError(5, "write made no progress", file.path)
             done += moved
@@ -109,7 +142,7 @@ class ThreadEngine(IOEngine):
         await asyncio.to_thread(lambda: [w.join() for w in workers])
 
 
-def _typed(exc: OSError, batch: IOBatch, index: int) -> StorageError:
-    error = error_from_errno(exc.errno or 5, batch.files[index].path, int(batch.offsets[index]))
+def _typed(exc: OSError, batch: IOBatch, row: int) -> StorageError:
+    error = error_from_errno(exc.errno or 5, batch.files[row].path, int(batch.offsets[row]))
     error.__cause__ = exc
     return error

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tiers import _uring_abi as abi
-from tiers.batch import IOBatch, Op
+from tiers.batch import FDATASYNC, READ, IOBatch
 from tiers.buffers import as_buffer
 from tiers.engine import FileHandle, IOEngine
 from tiers.env import Env
@@ -62,18 +62,22 @@ class UringEngine(IOEngine):
         self._fixed_files = False
         self._free_file_slots: list[int] = []
         depth = queue_depth
-        self._slot_batch: list[IOBatch | None] = [None] * depth
-        self._slot_row = np.zeros(depth, np.int64)
+        self._slot_bid = np.zeros(depth, np.int64)  # id() of the owning batch
+        self._slot_row = np.zeros(depth, np.int64)  # row of the request within its batch
         self._slot_done = np.zeros(depth, np.int64)  # bytes already moved by resumed requests
         self._slot_len = np.zeros(depth, np.int64)  # bytes asked of the SQE now in flight
-        self._free_slots = list(range(depth - 1, -1, -1))
-        self._pending: deque[list[Any]] = deque()  # [batch, rows not yet submitted]
+        self._free = np.arange(depth - 1, -1, -1, dtype=np.intp)  # a stack of free slots
+        self._nfree = depth
+        self._rows = np.arange(max(depth, 4096), dtype=np.int64)
+        self._batches: dict[int, IOBatch] = {}  # batches with requests not yet finished
+        self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted]
         self._inflight = 0
+        self._resumed = 0  # slots now resuming a short transfer
         self._watchdog: asyncio.TimerHandle | None = None
         self._buf_starts = np.zeros(0, np.uint64)
         self._buf_ends = np.zeros(0, np.uint64)
         self._buf_owners: list[Any] = []
-        self.counters["watchdog_reaps"] = 0
+        self.counters.update(watchdog_reaps=0, wakeups=0, completion_waves=0)
 
     # ------------------------------------------------------------------ set-up
     @classmethod
@@ -156,79 +160,99 @@ class UringEngine(IOEngine):
     # ------------------------------------------------------------------ submission
     def _start(self, batch: IOBatch) -> None:
         self._ensure_ring()
-        live = np.flatnonzero((batch.lengths > 0) | (batch.ops >= Op.FSYNC))
-        batch.pending = len(live)
-        if not len(live):
-            self._complete(batch)
-            return
-        self._pending.append([batch, live])
-        self._pump()
+        batch.pending = len(batch)
+        self._batches[id(batch)] = batch
+        self._pending.append([batch, 0])
+        self._drive()
 
-    def _pump(self) -> None:
-        """Move pending rows into free slots and submit them in one io_uring_enter."""
-        ring = self._ring
-        assert ring is not None
-        pushed = False
-        while self._pending and self._free_slots:
-            entry = self._pending[0]
-            batch, rows = entry
-            take = min(len(rows), len(self._free_slots))
-            slots = np.array(self._free_slots[-take:][::-1], np.int64)
-            del self._free_slots[-take:]
-            head, entry[1] = rows[:take], rows[take:]
-            if not len(entry[1]):
-                self._pending.popleft()
-            for slot in slots.tolist():
-                self._slot_batch[slot] = batch
-            self._slot_row[slots] = head
-            self._slot_done[slots] = 0
-            self._push(
-                batch, slots, head, batch.offsets[head], batch.addresses[head], batch.lengths[head]
-            )
-            pushed = True
-        if pushed:
+    def _drive(self) -> None:
+        """Submit what fits, run and reap completions, refill; until nothing more completes.
+
+        A loop, not mutual recursion: a huge batch of cached reads completes inline, wave after
+        wave, and must not grow the stack.
+        """
+        while True:
+            self._fill()
             self._enter()
+            if not self._harvest():
+                return
+
+    def _fill(self) -> None:
+        """Move pending rows into free slots (their SQEs are submitted by the next enter)."""
+        while self._pending and self._nfree:
+            entry = self._pending[0]
+            batch, first_row = entry
+            take = min(len(batch) - first_row, self._nfree)
+            end_row = first_row + take
+            if end_row == len(batch):
+                self._pending.popleft()
+            else:
+                entry[1] = end_row
+            self._nfree -= take
+            slots = self._free[self._nfree : self._nfree + take].copy()
+            rows = (
+                self._rows[first_row:end_row]
+                if end_row <= len(self._rows)
+                else np.arange(first_row, end_row)
+            )
+            self._slot_bid[slots] = id(batch)
+            self._slot_row[slots] = rows
+            self._push(batch, slots, slice(first_row, end_row), 0)
 
     def _push(
-        self,
-        batch: IOBatch,
-        slots: np.ndarray,
-        rows: np.ndarray,
-        offsets: np.ndarray,
-        addresses: np.ndarray,
-        lengths: np.ndarray,
+        self, batch: IOBatch, slots: np.ndarray, rows: slice | np.ndarray, done: np.ndarray | int
     ) -> None:
-        ops = batch.ops[rows]
-        opcodes = _OPCODE[ops]
+        """Fill SQEs for ``rows`` of ``batch`` (resuming ``done`` bytes into each) in ``slots``."""
+        lengths = batch.lengths[rows]
+        addresses = batch.addresses[rows]
+        offsets = batch.offsets[rows]
+        if done:  # resuming a short transfer
+            lengths, offsets = lengths - done, offsets + done
+            addresses = addresses + np.uint64(done)
+        self._slot_len[slots] = lengths
+        self._slot_done[slots] = done
+        op = batch.op
+        if op >= 0:
+            opcode: np.ndarray | int = int(_OPCODE[op])
+            word3: np.ndarray | int = lengths if op != FDATASYNC else abi.FSYNC_DATASYNC << 32
+        else:
+            ops = batch.ops[rows]
+            opcode = _OPCODE[ops].astype(np.uint64)
+            word3 = lengths.astype(np.uint64) | (_RW_FLAGS[ops].astype(np.uint64) << 32)
         buf_index: np.ndarray | int = 0
         if len(self._buf_starts):
             k = np.searchsorted(self._buf_starts, addresses, side="right") - 1
-            inside = (k >= 0) & (
-                addresses + lengths.astype(np.uint64) <= self._buf_ends[np.maximum(k, 0)]
-            )
-            opcodes = np.where(inside, _FIXED_OPCODE[ops], opcodes)
-            buf_index = np.maximum(k, 0).astype(np.uint16)
-        first = batch.files[rows[0]]
-        if all(batch.files[r] is first for r in rows.tolist()) if len(rows) > 1 else True:
-            fd, flags = (first.slot, abi.SQE_FIXED_FILE) if first.slot >= 0 else (first.fd, 0)
+            k0 = np.maximum(k, 0)
+            inside = (k >= 0) & (addresses + lengths.astype(np.uint64) <= self._buf_ends[k0])
+            ops = batch.ops[rows]
+            opcode = np.where(inside, _FIXED_OPCODE[ops], _OPCODE[ops]).astype(np.uint64)
+            buf_index = k0.astype(np.uint64)
+        file = batch.file
+        if file is not None:
+            fd, flags = (file.slot, abi.SQE_FIXED_FILE) if file.slot >= 0 else (file.fd, 0)
+            fd_word: np.ndarray | int = ((fd & 0xFFFFFFFF) << 32) | (flags << 8)
         else:
-            files = [batch.files[r] for r in rows.tolist()]
-            fd = np.array([f.slot if f.slot >= 0 else f.fd for f in files], np.int32)
-            flags = np.array([abi.SQE_FIXED_FILE if f.slot >= 0 else 0 for f in files], np.uint8)
-        self._slot_len[slots] = lengths
+            files = (
+                batch.files[rows]
+                if isinstance(rows, slice)
+                else [batch.files[r] for r in rows.tolist()]
+            )
+            fd_word = np.array(
+                [
+                    ((f.slot if f.slot >= 0 else f.fd) << 32)
+                    | ((abi.SQE_FIXED_FILE if f.slot >= 0 else 0) << 8)
+                    for f in files
+                ],
+                np.uint64,
+            )
+        word0 = (
+            opcode | fd_word
+            if isinstance(opcode, int) and isinstance(fd_word, int)
+            else np.bitwise_or(opcode, fd_word, dtype=np.uint64)
+        )
         self._inflight += len(slots)
         assert self._ring is not None
-        self._ring.push(
-            opcode=opcodes,
-            flags=flags,
-            fd=fd,
-            off=offsets.astype(np.uint64),
-            addr=addresses,
-            len=lengths.astype(np.uint32),
-            rw_flags=_RW_FLAGS[ops],
-            user_data=slots.astype(np.uint64),
-            buf_index=buf_index,
-        )
+        self._ring.push(word0, offsets, addresses, word3, slots, buf_index)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
 
@@ -236,52 +260,56 @@ class UringEngine(IOEngine):
         assert self._ring is not None
         try:
             self._ring.enter()
-        except (BlockingIOError, OSError) as exc:
+        except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EBUSY):
                 raise
             # the kernel is short of resources: unsubmitted SQEs stay queued and the next
             # completion (or the watchdog) submits them
-        self._harvest()
 
     # ------------------------------------------------------------------ completion
     def _on_wakeup(self) -> None:
+        self.counters["wakeups"] += 1
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._eventfd)
         if self._ring is not None:
-            self._enter()  # runs deferred completions and submits anything left queued
-            self._pump()
+            self._drive()  # runs deferred completions and submits anything left queued
 
     def _on_watchdog(self) -> None:
+        """A safety net against a lost wakeup: never needed so far, counted if it ever is."""
         self._watchdog = None
         if not self._inflight or self._ring is None:
             return
-        before = self.counters["requests"]
-        self._on_wakeup()
-        if self.counters["requests"] != before:
+        if self._ring.reap_ready():
             self.counters["watchdog_reaps"] += 1
+        self._drive()
         if self._inflight and self._watchdog is None:
             self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
 
-    def _harvest(self) -> None:
+    def _harvest(self) -> bool:
+        """Process every posted completion; True when there was any."""
         assert self._ring is not None
+        reaped = False
         while (cqes := self._ring.reap()) is not None:
-            user_data, res = cqes
-            slots = user_data.astype(np.int64)
-            res = res.astype(np.int64)
+            reaped = True
+            self.counters["completion_waves"] += 1
+            slots = cqes[:, 0].astype(np.intp)
+            res = cqes.view(np.int32)[:, 2].astype(np.int64)
             ok = res == self._slot_len[slots]
             if not ok.all():
                 self._handle_unusual(slots[~ok], res[~ok])
                 slots, res = slots[ok], res[ok]
             if len(slots):
-                self._finish(slots, res + self._slot_done[slots])
-        if self._free_slots and self._pending:
-            self._pump()
+                if self._resumed:
+                    res += self._slot_done[slots]
+                self._finish(slots, res)
+            if self._pending:
+                self._fill()  # refill freed slots at once (submitted by the next enter)
+        return reaped
 
     def _handle_unusual(self, slots: np.ndarray, res: np.ndarray) -> None:
         """Errors, EOF and short transfers: rare, so handled one by one."""
         for slot, result in zip(slots.tolist(), res.tolist(), strict=True):
-            batch = self._slot_batch[slot]
-            assert batch is not None
+            batch = self._batches[int(self._slot_bid[slot])]
             row = int(self._slot_row[slot])
             file = batch.files[row]
             done = int(self._slot_done[slot])
@@ -295,7 +323,7 @@ class UringEngine(IOEngine):
                 self._finish_one(slot, done)
                 continue
             done += result
-            is_read = batch.ops[row] == Op.READ
+            is_read = batch.ops[row] == READ
             if result == 0 and not is_read:
                 batch.errors[row] = error_from_errno(
                     errno.EIO, file.path, int(batch.offsets[row]) + done
@@ -308,47 +336,38 @@ class UringEngine(IOEngine):
                 self._resubmit(slot, batch, row, done)
 
     def _resubmit(self, slot: int, batch: IOBatch, row: int, done: int) -> None:
-        self._slot_done[slot] = done
+        if done and not self._slot_done[slot]:
+            self._resumed += 1
         self._inflight -= 1
-        rows = np.array([row], np.int64)
-        self._push(
-            batch,
-            np.array([slot], np.int64),
-            rows,
-            batch.offsets[rows] + done,
-            batch.addresses[rows] + np.uint64(done),
-            batch.lengths[rows] - done,
-        )
-        assert self._ring is not None
-        self._ring.enter(get_events=False)
+        self._push(batch, np.array([slot], np.intp), np.array([row]), np.int64(done))
 
     def _finish_one(self, slot: int, done: int) -> None:
-        self._finish(np.array([slot], np.int64), np.array([done], np.int64))
+        self._finish(np.array([slot], np.intp), np.array([done], np.int64))
 
     def _finish(self, slots: np.ndarray, done: np.ndarray) -> None:
         """Record results of finished requests, free their slots, complete whole batches."""
-        self._inflight -= len(slots)
-        slot_batch = self._slot_batch
-        slot_list = slots.tolist()
-        first = slot_batch[slot_list[0]]
-        if all(slot_batch[s] is first for s in slot_list):
-            groups = [(first, slots, done)]
-        else:
-            by_batch: dict[int, list[int]] = {}
-            for i, s in enumerate(slot_list):
-                by_batch.setdefault(id(slot_batch[s]), []).append(i)
-            groups = [
-                (slot_batch[slot_list[ix[0]]], slots[ix], done[ix]) for ix in by_batch.values()
-            ]
-        for s in slot_list:
-            slot_batch[s] = None
-        self._free_slots.extend(slot_list)
-        for batch, group_slots, group_done in groups:
-            assert batch is not None
-            batch.results[self._slot_row[group_slots]] = group_done
-            batch.pending -= len(group_slots)
-            if batch.pending == 0:
-                self._complete(batch)
+        n = len(slots)
+        self._inflight -= n
+        if self._resumed:
+            self._resumed -= int(np.count_nonzero(self._slot_done[slots]))
+        bids = self._slot_bid[slots]
+        rows = self._slot_row[slots]
+        self._free[self._nfree : self._nfree + n] = slots
+        self._nfree += n
+        if bids[0] == bids[-1] and (n < 3 or (bids == bids[0]).all()):
+            self._account(int(bids[0]), rows, done)
+            return
+        for bid in np.unique(bids).tolist():
+            mine = bids == bid
+            self._account(bid, rows[mine], done[mine])
+
+    def _account(self, bid: int, rows: np.ndarray, done: np.ndarray) -> None:
+        batch = self._batches[bid]
+        batch.results[rows] = done
+        batch.pending -= len(rows)
+        if not batch.pending:
+            del self._batches[bid]
+            self._complete(batch)
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:

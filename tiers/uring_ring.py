@@ -103,11 +103,12 @@ class Ring:
         self._cq_head = u32(self._cq_map, p.cq_off.head)
         self._cq_tail = u32(self._cq_map, p.cq_off.tail)
         self._cq_mask = int(u32(self._cq_map, p.cq_off.ring_mask)[0])
-        self._cqes = np.frombuffer(self._cq_map, abi.CQE_DTYPE, p.cq_entries, p.cq_off.cqes)
-        sqes = np.frombuffer(self._sqe_map, abi.SQE_DTYPE, p.sq_entries)
-        sqes[:] = np.zeros(1, abi.SQE_DTYPE)
-        self._sqes = sqes
-        self._fields = {name: sqes[name] for name in _SQE_FIELDS}
+        # SQEs as 8 little-endian u64 words each (see the layout in _uring_abi): a batch is
+        # written as whole columns, one numpy call per word instead of per field.
+        self._words = np.frombuffer(self._sqe_map, np.uint64).reshape(p.sq_entries, 8)
+        self._words[:] = 0
+        cq_words = p.cq_entries * abi.CQE_DTYPE.itemsize // 8
+        self._cqes = np.frombuffer(self._cq_map, np.uint64, cq_words, p.cq_off.cqes).reshape(-1, 2)
         self._tail = int(self._sq_tail[0])
 
     # ------------------------------------------------------------------ submission
@@ -117,24 +118,39 @@ class Ring:
     def unsubmitted(self) -> int:
         return (self._tail - int(self._sq_head[0])) & 0xFFFFFFFF
 
-    def push(self, **columns: np.ndarray | int) -> None:
-        """Append ``n`` SQEs; each keyword is an SQE field, as an array of n values or a scalar.
+    def push(
+        self,
+        word0: np.ndarray | int,
+        off: np.ndarray | int,
+        addr: np.ndarray | int,
+        word3: np.ndarray | int,
+        user_data: np.ndarray,
+        word5: np.ndarray | int,
+    ) -> None:
+        """Append ``len(user_data)`` SQEs, each given as its u64 words (arrays or scalars):
 
-        Requires: ``n <= sq_space()``; ``user_data`` is an array (it fixes ``n``).
+        word0 = opcode | flags << 8 | (fd & 0xFFFFFFFF) << 32;  word3 = len | rw_flags << 32;
+        word5 = buf_index.  Words 6 and 7 stay zero.  Requires: ``n <= sq_space()``.
         """
-        n = len(columns["user_data"])  # type: ignore[arg-type]
+        n = len(user_data)
         start = self._tail & self._sq_mask
         first = min(n, self.sq_entries - start)
-        for name, values in columns.items():
-            field = self._fields[name]
-            if isinstance(values, np.ndarray):
-                field[start : start + first] = values[:first]
-                if first < n:
-                    field[: n - first] = values[first:]
+        words = self._words
+        for column, values in (
+            (0, word0),
+            (1, off),
+            (2, addr),
+            (3, word3),
+            (4, user_data),
+            (5, word5),
+        ):
+            if isinstance(values, np.ndarray) and first < n:
+                words[start : start + first, column] = values[:first]
+                words[: n - first, column] = values[first:]
             else:
-                field[start : start + first] = values
+                words[start : start + first, column] = values
                 if first < n:
-                    field[: n - first] = values
+                    words[: n - first, column] = values
         self._tail = (self._tail + n) & 0xFFFFFFFF
         self._sq_tail[0] = self._tail  # published to the kernel by our next io_uring_enter
 
@@ -148,8 +164,9 @@ class Ring:
                 continue
 
     # ------------------------------------------------------------------ completion
-    def reap(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every posted CQE as (user_data uint64[n], res int32[n]), or None when empty."""
+    def reap(self) -> np.ndarray | None:
+        """Every posted CQE as a uint64[n, 2] copy (word 0: user_data; the low half of word 1,
+        viewed as int32, is ``res``), or None when the queue is empty."""
         head = int(self._cq_head[0])
         tail = int(self._cq_tail[0])
         n = (tail - head) & 0xFFFFFFFF
@@ -162,14 +179,17 @@ class Ring:
         else:
             cqes = np.concatenate((self._cqes[start:], self._cqes[: n - first]))
         self._cq_head[0] = tail  # slots free for the kernel only after the copy above
-        return cqes["user_data"], cqes["res"]
+        return cqes
+
+    def reap_ready(self) -> bool:
+        return self._cq_head[0] != self._cq_tail[0]
 
     # ------------------------------------------------------------------ registration
     def register(self, opcode: int, arg_address: int, nr_args: int) -> int:
         return abi.io_uring_register(self.fd, opcode, arg_address, nr_args)
 
     def close(self) -> None:
-        del self._fields, self._sqes, self._cqes
+        del self._words, self._cqes
         del self._sq_head, self._sq_tail, self._cq_head, self._cq_tail
         for buf in {id(m): m for m in (self._sq_map, self._cq_map, self._sqe_map)}.values():
             buf.close()

@@ -42,7 +42,7 @@ def test_registered_pool_buffers_round_trip(tmp_path: Path) -> None:
         for i, buf in enumerate(held):
             if i:
                 off = offsets[i]
-                assert np.array_equal(buf.array, data[off:off + buf.array.size])
+                assert np.array_equal(buf.array, data[off : off + buf.array.size])
             buf.release()
         stats = engine.stats()
         await engine.aclose()

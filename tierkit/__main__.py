@@ -1,0 +1,5 @@
+import sys
+
+from tierkit.cli import main
+
+sys.exit(main())
