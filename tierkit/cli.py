@@ -1,4 +1,4 @@
-"""The ``tierkit`` command line: ``tierkit demo`` and ``tierkit engines`` (more with later issues)."""
+"""The ``tierkit`` command line: ``demo`` and ``engines`` (more with later issues)."""
 
 from __future__ import annotations
 
