@@ -20,6 +20,9 @@ from tiers.errors import (
     UnexpectedEOFError,
 )
 from tiers.factory import ENGINE_KINDS, create_engine
+from tiers.faulty import FaultyEngine, PowerCutReport
+from tiers.faulty_env import FaultyEnv
+from tiers.gds import GdsEngine
 from tiers.pool import AlignedBufferPool, PooledBuffer
 from tiers.threaded import ThreadEngine
 from tiers.uring import UringEngine
@@ -36,8 +39,11 @@ __all__ = [
     "EngineClosedError",
     "EngineUnavailableError",
     "Env",
+    "FaultyEngine",
+    "FaultyEnv",
     "FileHandle",
     "FileMissingError",
+    "GdsEngine",
     "IOBatch",
     "IOEngine",
     "InvalidArgumentError",
@@ -45,6 +51,7 @@ __all__ = [
     "Op",
     "PermissionDeniedError",
     "PooledBuffer",
+    "PowerCutReport",
     "ReadRequest",
     "StorageError",
     "ThreadEngine",

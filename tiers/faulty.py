@@ -1,12 +1,10 @@
 """FaultyEngine: an IOEngine wrapper for tests that injects I/O faults and simulates power cuts.
 
 It delegates every file and I/O call to a real ``inner`` engine and, on the way, injects:
-  * EIO on a read or write (a typed :class:`~tiers.errors.StorageError` with errno, path and
-    offset; an injected write does not happen);
+  * EIO on a read or write (a typed StorageError with errno, path and offset), ENOSPC on a
+    write (NoSpaceError), EIO on fsync: the failed request itself never happens;
   * short reads (the read returns fewer bytes, as if the file ended there; the caller's buffer
-    past that point is left untouched);
-  * ENOSPC on a write (:class:`~tiers.errors.NoSpaceError`; the write does not happen);
-  * EIO on fsync (nothing becomes durable).
+    past that point is left untouched).
 Faults come from one-shot triggers (:meth:`FaultyEngine.fail_next`) first, then from rate knobs
 drawn from a seeded RNG, so a seed replays the same faults. Zero-length requests are never hit.
 Injected faults keep the batch contract: the rest of the batch still runs to completion before
@@ -242,6 +240,7 @@ class FaultyEngine(IOEngine):
             batch.offsets[rows],
             batch.owners,
         )
+        sub.base = batch.base  # every surviving row still lies in the caller's one buffer
         try:
             await self.inner.run(sub)
         except BaseException as exc:

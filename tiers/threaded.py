@@ -130,7 +130,8 @@ class ThreadEngine(IOEngine):
                 raise OSError(5, "write made no progress", file.path)
             done += moved
             if done < length:
-                self.counters["short_transfers_resumed"] += 1
+                with self._lock:  # counters are shared with the other workers
+                    self.counters["short_transfers_resumed"] += 1
                 if file.direct and done % file.alignment_bytes:
                     break  # O_DIRECT only stops off-alignment at end of file
         return done

@@ -31,7 +31,7 @@ from tiers import _uring_abi as abi
 from tiers.batch import FDATASYNC, READ, IOBatch
 from tiers.buffers import as_buffer
 from tiers.engine import FileHandle, IOEngine
-from tiers.env import Env
+from tiers.env import Env, default_env
 from tiers.errors import EngineUnavailableError, InvalidArgumentError, error_from_errno
 from tiers.uring_ring import Ring
 
@@ -84,7 +84,7 @@ class UringEngine(IOEngine):
     def probe(cls, env: Env | None = None) -> str | None:
         """None when io_uring works here, else the reason it does not."""
         try:
-            Ring(4, env or Env()).close()
+            Ring(4, env or default_env).close()
         except EngineUnavailableError as exc:
             return exc.reason
         except OSError as exc:
