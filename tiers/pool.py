@@ -13,6 +13,7 @@ is not held raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import threading
 from collections import deque
@@ -123,7 +124,9 @@ class AlignedBufferPool:
                 raise InvalidArgumentError("close of a pool whose buffers are still held")
             self._closed = True
         del self._buffers, self.arena
-        self._mmap.close()
+        # A caller may still hold a view of the arena: then its memory goes when the view does.
+        with contextlib.suppress(BufferError):
+            self._mmap.close()
 
 
 def _wake(future: asyncio.Future[None]) -> None:
