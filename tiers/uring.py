@@ -93,6 +93,10 @@ class UringEngine(IOEngine):
 
     def _ensure_ring(self) -> Ring:
         if self._ring is not None:
+            if asyncio.get_running_loop() is not self._loop:
+                raise InvalidArgumentError(
+                    "this UringEngine belongs to another event loop; create one per loop"
+                )
             return self._ring
         loop = asyncio.get_running_loop()
         ring = Ring(self.queue_depth, self.env)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tiers.engine import IOEngine
+from tiers.errors import InvalidArgumentError
 from tiers.pool import AlignedBufferPool
 from tiers.testing import EngineContract, run
 from tiers.uring import UringEngine
@@ -80,3 +81,20 @@ def test_queue_depth_bounds_requests_in_flight(tmp_path: Path) -> None:
 
 def test_probe_reports_available_here() -> None:
     assert UringEngine.probe() is None
+
+
+def test_using_an_engine_from_a_second_loop_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "l.bin"
+    path.write_bytes(b"x" * 4096)
+    engine = UringEngine(4)
+
+    async def first() -> None:
+        file = await engine.open(path)
+        assert await engine.read_into(file, 0, bytearray(10)) == 10
+
+    async def second() -> None:
+        with pytest.raises(InvalidArgumentError, match="another event loop"):
+            await engine.open(path)
+
+    asyncio.run(first())
+    asyncio.run(second())
