@@ -77,6 +77,7 @@ class IOBatch:
         "ops",
         "owners",
         "pending",
+        "regular",
         "results",
     )
 
@@ -109,6 +110,7 @@ class IOBatch:
         self.file_counts: dict[Any, int] = {}  # requests per file, for draining on close
         self.pending = 0  # engine-private: requests not yet finished
         self.base: BufferRef | None = None  # the one buffer every row lies in, when known
+        self.regular = False  # rows are equal slices packed back to back in ``base``
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -157,14 +159,19 @@ class IOBatch:
         n = len(offsets)
         if not n:
             raise InvalidArgumentError("an empty batch")
-        if isinstance(lengths, int | np.integer) and buffer_offsets is None:
+        regular = isinstance(lengths, int | np.integer) and buffer_offsets is None
+        if regular:
             size = int(lengths)  # the common case: equal slices packed back to back
             if size < 0 or n * size > ref.size_bytes:
                 raise InvalidArgumentError(
                     f"{n} requests of {size} bytes do not fit the {ref.size_bytes}-byte buffer"
                 )
             lengths = np.full(n, size, np.int64)
-            addresses = np.arange(ref.address, ref.address + n * size, size or 1, np.uint64)[:n]
+            if size:
+                end = ref.address + n * size
+                addresses = np.arange(ref.address, end, size, dtype=np.uint64)
+            else:
+                addresses = np.full(n, ref.address, np.uint64)
         else:
             lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (n,)).copy()
             if buffer_offsets is None:
@@ -180,6 +187,7 @@ class IOBatch:
         ops = np.full(n, op, np.uint8)
         batch = cls(ops, [file] * n, addresses, lengths, offsets, [ref.owner], op, file)
         batch.base = ref
+        batch.regular = regular
         batch.validate()
         return batch
 
@@ -193,25 +201,43 @@ class IOBatch:
 
     def validate(self) -> None:
         """Reject bad requests before any is issued (so a batch fails whole, not half-done)."""
-        if self.offsets.min() < 0:
-            raise InvalidArgumentError(f"negative file offset {int(self.offsets.min())}")
-        low, high = self.lengths.min(), self.lengths.max()
-        if low < 0:
-            raise InvalidArgumentError("negative length")
-        if high > _MAX_REQUEST_BYTES:
-            raise InvalidArgumentError("a single request may move at most 2 GiB - 4 KiB")
-        files = (self.file,) if self.file is not None else tuple(dict.fromkeys(self.files))
-        for file in files:
+        file = self.file
+        if file is not None and self.op >= 0:  # the common case, with one reduction
             if file.closed:
                 raise EngineClosedError(f"file {file.path!r} is closed")
-        if self.op == WRITE and not self.files[0].writable:
-            raise InvalidArgumentError(f"{self.files[0].path!r} was not opened for writing")
-        if self.op == -1:
-            for i in np.flatnonzero(self.ops == WRITE).tolist():
-                if not self.files[i].writable:
-                    raise InvalidArgumentError(f"{self.files[i].path!r} was not opened for writing")
+            if self.op == WRITE and not file.writable:
+                raise InvalidArgumentError(f"{file.path!r} was not opened for writing")
+            merged = int(np.bitwise_or.reduce(self.offsets | self.lengths))
+            if merged < 0:  # a negative offset or length sets the sign bit of the OR
+                raise InvalidArgumentError("negative file offset or length")
+            if not self.regular:
+                self._check_limits()
+            elif self.lengths[0] > _MAX_REQUEST_BYTES:
+                raise InvalidArgumentError("a single request may move at most 2 GiB - 4 KiB")
+            if file.direct and self.op <= WRITE:
+                mask = file.alignment_bytes - 1
+                # regular: address i is base + i * size, so base, size and offsets decide
+                if not self.regular or (merged | int(self.addresses[0])) & mask:
+                    self._check_alignment()
+            return
+        self._check_limits()
+        files = (file,) if file is not None else tuple(dict.fromkeys(self.files))
+        for f in files:
+            if f.closed:
+                raise EngineClosedError(f"file {f.path!r} is closed")
+        for i in np.flatnonzero(self.ops == WRITE).tolist():
+            if not self.files[i].writable:
+                raise InvalidArgumentError(f"{self.files[i].path!r} was not opened for writing")
         if any(f.direct for f in files):
             self._check_alignment()
+
+    def _check_limits(self) -> None:
+        if self.offsets.min() < 0:
+            raise InvalidArgumentError(f"negative file offset {int(self.offsets.min())}")
+        if self.lengths.min() < 0:
+            raise InvalidArgumentError("negative length")
+        if self.lengths.max() > _MAX_REQUEST_BYTES:
+            raise InvalidArgumentError("a single request may move at most 2 GiB - 4 KiB")
 
     def _check_alignment(self) -> None:
         if self.file is not None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,11 +22,11 @@ __all__ = ["PAGE_SIZE_BYTES", "BufferRef", "aligned_empty", "as_buffer"]
 PAGE_SIZE_BYTES = mmap.PAGESIZE
 
 
-@dataclass(frozen=True, slots=True)
-class BufferRef:
+class BufferRef(NamedTuple):
     """A contiguous host buffer: ``address`` .. ``address + size_bytes``.
 
-    Invariants: the memory stays valid while ``owner`` is referenced.
+    Invariants: the memory stays valid while ``owner`` is referenced. (A NamedTuple, not a
+    dataclass: one is built per request on the hot path.)
     """
 
     address: int

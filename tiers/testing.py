@@ -166,6 +166,19 @@ class EngineContract:
             raw = target.numpy() if hasattr(target, "numpy") else np.asarray(target)
             assert raw.tobytes() == expected
 
+    def test_zero_length_requests(self, tmp_path: Path) -> None:
+        path = _random_file(tmp_path)
+        direct = self.direct_io
+
+        async def body(engine: IOEngine) -> None:
+            file = await engine.open(path, direct=direct)
+            buffer = aligned_empty(4096)
+            assert (await engine.read_batch(file, buffer, np.array([0, 4096]), 0) == 0).all()
+            assert await engine.read_into(file, 0, buffer[:0]) == 0
+            assert (await engine.read_batch(file, buffer, np.array([8192]), 4096) == 4096).all()
+
+        self.go(body)
+
     def test_vectorised_batch_with_buffer_offsets(self, tmp_path: Path) -> None:
         path = _random_file(tmp_path)
         offsets = np.array([0, 12_288, 500_000, 4096], np.int64)

@@ -29,7 +29,11 @@ def check_key(key: str) -> None:
     """Keys are non-empty str of at most 511 UTF-8 bytes (LMDB's key limit)."""
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"keys are non-empty strings, got {key!r}")
-    if len(key.encode()) > 511:
+    try:
+        encoded = key.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"keys must be valid UTF-8: {key!r}") from exc
+    if len(encoded) > 511:
         raise InvalidArgumentError("keys are at most 511 bytes of UTF-8")
 
 

@@ -169,17 +169,28 @@ class UringEngine(IOEngine):
         self._pending.append([batch, 0])
         self._drive()
 
-    def _drive(self) -> None:
+    def _drive(self, woken: bool = False) -> None:
         """Submit what fits, run and reap completions, refill; until nothing more completes.
 
         A loop, not mutual recursion: a huge batch of cached reads completes inline, wave after
-        wave, and must not grow the stack.
+        wave, and must not grow the stack. Our own io_uring_enter posts CQEs, which signals the
+        eventfd again; clearing it before we sleep saves the loop a wakeup that finds nothing.
         """
+        assert self._ring is not None
+        reaped = woken
         while True:
             self._fill()
-            self._enter()
-            if not self._harvest():
+            self._enter()  # submits, and runs completions the kernel deferred to us
+            if self._harvest():
+                reaped = True
+                continue
+            if not reaped:
                 return
+            # Quiet now. Clear the eventfd, then look once more, so a completion that arrived
+            # just before the clear is not left without a wakeup.
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._eventfd)
+            reaped = False
 
     def _fill(self) -> None:
         """Move pending rows into free slots (their SQEs are submitted by the next enter)."""
@@ -188,20 +199,20 @@ class UringEngine(IOEngine):
             batch, first_row = entry
             take = min(len(batch) - first_row, self._nfree)
             end_row = first_row + take
-            if end_row == len(batch):
-                self._pending.popleft()
-            else:
-                entry[1] = end_row
-            self._nfree -= take
-            slots = self._free[self._nfree : self._nfree + take].copy()
+            slots = self._free[self._nfree - take : self._nfree].copy()
             rows = (
                 self._rows[first_row:end_row]
                 if end_row <= len(self._rows)
                 else np.arange(first_row, end_row)
             )
+            self._push(batch, slots, slice(first_row, end_row), 0)  # may raise: nothing changed
+            self._nfree -= take
             self._slot_bid[slots] = id(batch)
             self._slot_row[slots] = rows
-            self._push(batch, slots, slice(first_row, end_row), 0)
+            if end_row == len(batch):
+                self._pending.popleft()
+            else:
+                entry[1] = end_row
 
     def _push(
         self, batch: IOBatch, slots: np.ndarray, rows: slice | np.ndarray, done: np.ndarray | int
@@ -213,8 +224,6 @@ class UringEngine(IOEngine):
         if done:  # resuming a short transfer
             lengths, offsets = lengths - done, offsets + done
             addresses = addresses + np.uint64(done)
-        self._slot_len[slots] = lengths
-        self._slot_done[slots] = done
         op = batch.op
         if op >= 0:
             opcode: np.ndarray | int = int(_OPCODE[op])
@@ -254,9 +263,11 @@ class UringEngine(IOEngine):
             if isinstance(opcode, int) and isinstance(fd_word, int)
             else np.bitwise_or(opcode, fd_word, dtype=np.uint64)
         )
-        self._inflight += len(slots)
         assert self._ring is not None
         self._ring.push(word0, offsets, addresses, word3, slots, buf_index)
+        self._slot_len[slots] = lengths  # only now: a failure above leaves no trace
+        self._slot_done[slots] = done
+        self._inflight += len(slots)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
 
@@ -273,10 +284,8 @@ class UringEngine(IOEngine):
     # ------------------------------------------------------------------ completion
     def _on_wakeup(self) -> None:
         self.counters["wakeups"] += 1
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._eventfd)
         if self._ring is not None:
-            self._drive()  # runs deferred completions and submits anything left queued
+            self._drive(woken=True)  # runs deferred completions, submits anything queued
 
     def _on_watchdog(self) -> None:
         """A safety net against a lost wakeup: never needed so far, counted if it ever is."""
