@@ -314,9 +314,7 @@ class UringEngine(IOEngine):
             if len(slots):
                 if self._resumed:
                     res += self._slot_done[slots]
-                self._finish(slots, res)
-            if self._pending:
-                self._fill()  # refill freed slots at once (submitted by the next enter)
+                self._finish(slots, res, refill=True)
         return reaped
 
     def _handle_unusual(self, slots: np.ndarray, res: np.ndarray) -> None:
@@ -357,8 +355,9 @@ class UringEngine(IOEngine):
     def _finish_one(self, slot: int, done: int) -> None:
         self._finish(np.array([slot], np.intp), np.array([done], np.int64))
 
-    def _finish(self, slots: np.ndarray, done: np.ndarray) -> None:
-        """Record results of finished requests, free their slots, complete whole batches."""
+    def _finish(self, slots: np.ndarray, done: np.ndarray, refill: bool = False) -> None:
+        """Free the slots of finished requests, refill them (``refill``: the device gets new
+        work before we do the bookkeeping), then record results and complete whole batches."""
         n = len(slots)
         self._inflight -= n
         if self._resumed:
@@ -367,6 +366,9 @@ class UringEngine(IOEngine):
         rows = self._slot_row[slots]
         self._free[self._nfree : self._nfree + n] = slots
         self._nfree += n
+        if refill and self._pending:
+            self._fill()
+            self._enter()
         if bids[0] == bids[-1] and (n < 3 or (bids == bids[0]).all()):
             self._account(int(bids[0]), rows, done)
             return
