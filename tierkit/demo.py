@@ -1,4 +1,4 @@
-"""The demo behind ``tierkit demo``: the I/O core writing and reading a real file, measured.
+"""The demo behind ``tierkit demo``: the I/O core and the tiered store on real files, measured.
 
 It writes a file with sequential 1 MiB O_DIRECT writes, fsyncs it, drops it from the page cache,
 then reads random 4 KiB blocks with O_DIRECT at queue depth 32 for a few seconds, verifies a
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tierkit.store_demo import run_store_demo
 from tiers import IOEngine, aligned_empty, create_engine
 
 __all__ = ["DemoOptions", "run_demo"]
@@ -111,6 +112,8 @@ async def run_demo(options: DemoOptions) -> dict[str, Any]:
         )
         stats = engine.stats()
         print(f"engine counters: {stats}")
+        await engine.aclose()
+        store = await run_store_demo(options.directory)
     finally:
         await engine.aclose()
         if not options.keep:
@@ -120,4 +123,5 @@ async def run_demo(options: DemoOptions) -> dict[str, Any]:
         "write_mib_s": round(write_bps / MIB, 1),
         "read_iops_4k_qd32": round(reads["iops"]),
         "cpu_us_per_io_4k": round(reads["cpu_us_per_io"], 2),
+        **store,
     }

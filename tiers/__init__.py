@@ -2,6 +2,8 @@
 
 from tiers.batch import IOBatch, Op, ReadRequest, WriteRequest
 from tiers.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
+from tiers.cxl import CxlTier
+from tiers.dram import DramTier
 from tiers.engine import FileHandle, IOEngine
 from tiers.env import Env, default_env
 from tiers.errors import (
@@ -23,6 +25,11 @@ from tiers.factory import ENGINE_KINDS, create_engine
 from tiers.faulty import FaultyEngine, PowerCutReport
 from tiers.faulty_env import FaultyEnv
 from tiers.gds import GdsEngine
+from tiers.hbm import HbmTier
+from tiers.host_arena import HostArenaTier
+from tiers.memory_tier import ArenaTier
+from tiers.numa import NumaNode, bind_to_node, cpuless_nodes, numa_nodes, pages_on_node
+from tiers.nvme import NvmeTier
 from tiers.pool import AlignedBufferPool, PooledBuffer
 from tiers.threaded import ThreadEngine
 from tiers.uring import UringEngine
@@ -32,10 +39,13 @@ __all__ = [
     "PAGE_SIZE_BYTES",
     "AlignedBufferPool",
     "AlignmentError",
+    "ArenaTier",
     "BufferRef",
     "CapacityError",
     "CorruptionError",
+    "CxlTier",
     "DirectIOUnsupportedError",
+    "DramTier",
     "EngineClosedError",
     "EngineUnavailableError",
     "Env",
@@ -44,10 +54,14 @@ __all__ = [
     "FileHandle",
     "FileMissingError",
     "GdsEngine",
+    "HbmTier",
+    "HostArenaTier",
     "IOBatch",
     "IOEngine",
     "InvalidArgumentError",
     "NoSpaceError",
+    "NumaNode",
+    "NvmeTier",
     "Op",
     "PermissionDeniedError",
     "PooledBuffer",
@@ -61,6 +75,10 @@ __all__ = [
     "WriteRequest",
     "aligned_empty",
     "as_buffer",
+    "bind_to_node",
+    "cpuless_nodes",
     "create_engine",
     "default_env",
+    "numa_nodes",
+    "pages_on_node",
 ]

@@ -251,16 +251,23 @@ class TieredStore:
         return tier.free_bytes >= size
 
     async def _evict(self, key: str, entry: _Entry, index: int) -> None:
-        """Drop ``key``'s copy from tier ``index``, demoting it first when it is the only one."""
-        if entry.copies == [index]:
-            below = index + 1
-            if below >= len(self.tiers):
-                return  # the last tier cannot evict its only copy
-            if not await self._make_room(
-                below, entry.size_bytes, exclude=key
-            ) or not await self._copy_to(key, entry, below):
-                return
-            self.counters[index].demotions += 1
+        """Move ``key``'s copy out of tier ``index``: down into the next tier when that is a
+        volatile tier without a copy (a victim cache: warm objects stay in memory), or when it
+        is the only copy (write-back); otherwise the copy is simply dropped."""
+        below = index + 1
+        only_copy = entry.copies == [index]
+        if below < len(self.tiers) and below not in entry.copies and (
+            only_copy or not self.tiers[below].supports_persistence
+        ):
+            moved = await self._make_room(below, entry.size_bytes, exclude=key) and (
+                await self._copy_to(key, entry, below)
+            )
+            if moved:
+                self.counters[index].demotions += 1
+            elif only_copy:
+                return  # nowhere to put the only copy: it stays
+        elif only_copy:
+            return  # the last tier cannot evict its only copy
         await self._drop_copy(key, index)
         entry.copies.remove(index)
         self.counters[index].evictions += 1

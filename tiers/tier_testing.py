@@ -10,6 +10,7 @@ The oracle is a plain dict of bytes. Each test drives its own event loop (tiers 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,8 +53,12 @@ class TierContract:
     def go(
         self, tmp_path: Path, body: Callable[[Tier], Awaitable[T]], capacity_bytes: int = 1 << 20
     ) -> T:
+        # A fresh directory per tier: hypothesis runs many examples in one test function, all
+        # with the same tmp_path, and a persistent tier must not reopen the last example's data.
+        directory = Path(tempfile.mkdtemp(dir=tmp_path))
+
         async def main() -> T:
-            tier = await self.make_tier(capacity_bytes, tmp_path)
+            tier = await self.make_tier(capacity_bytes, directory)
             try:
                 return await body(tier)
             finally:
