@@ -256,8 +256,10 @@ class TieredStore:
         is the only copy (write-back); otherwise the copy is simply dropped."""
         below = index + 1
         only_copy = entry.copies == [index]
-        if below < len(self.tiers) and below not in entry.copies and (
-            only_copy or not self.tiers[below].supports_persistence
+        if (
+            below < len(self.tiers)
+            and below not in entry.copies
+            and (only_copy or not self.tiers[below].supports_persistence)
         ):
             moved = await self._make_room(below, entry.size_bytes, exclude=key) and (
                 await self._copy_to(key, entry, below)
