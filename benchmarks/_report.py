@@ -134,7 +134,12 @@ def print_report(
         "",
         f"machine: {figures['machine']}; load1 during runs: {spread(loads, '.1f')}",
         f"engine code: {figures.get('code', '?')}",
-        "engines: lanes x batch = QD (1x1, 4x8, 8x16); sequential rows at QD32; MB/s = 10^6 B/s",
+        (
+            "engines: queue_depth=QD, two tasks keep 256-request batches queued (stream drive)"
+            if getattr(args, "drive", "lanes") == "stream"
+            else "engines: lanes x batch = QD (1x1, 4x8, 8x16)"
+        )
+        + "; sequential rows at QD32; MB/s = 10^6 B/s",
         "",
         *_table(samples, configs),
         "",
