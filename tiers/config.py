@@ -147,12 +147,17 @@ async def _build_tier(spec: dict[str, Any], engine_kind: str, where: str) -> Tie
         return CxlTier(name, capacity, **extra)
     from tiers.nvme import NvmeTier
 
+    engine = create_engine(engine_kind)
     try:
         return await NvmeTier.open(
-            name, capacity, spec["path"], engine=create_engine(engine_kind), **extra
+            name, capacity, spec["path"], engine=engine, owns_engine=True, **extra
         )
     except DirectIOUnsupportedError as exc:
+        await engine.aclose()
         raise ConfigError(f"{where}: {exc}; set direct = false to use the page cache") from exc
+    except BaseException:
+        await engine.aclose()
+        raise
 
 
 async def open_store(source: dict[str, Any] | str | os.PathLike[str]) -> TieredStore:

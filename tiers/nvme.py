@@ -82,6 +82,7 @@ class NvmeTier(Tier):
         directory: str | os.PathLike[str],
         *,
         engine: IOEngine | None = None,
+        owns_engine: bool | None = None,
         extent_file_bytes: int = 256 << 20,
         direct: bool = True,
     ) -> None:
@@ -92,7 +93,8 @@ class NvmeTier(Tier):
         self.direct = direct
         self.extent_file_bytes = _round_up(min(extent_file_bytes, capacity_bytes))
         self.engine = engine
-        self._owns_engine = engine is None
+        # None: the tier closes the engine only when it made it
+        self._owns_engine = engine is None if owns_engine is None else owns_engine
         self._catalog: Catalog | None = None
         self._space: ExtentSpace | None = None
         self._records: RecordIO | None = None
