@@ -76,40 +76,44 @@ class LruPolicy(EvictionPolicy):
 
 
 class _HeapPolicy(EvictionPolicy):
-    """Lazy-deletion min-heap of (priority, tie, key); stale entries are skipped."""
+    """Lazy min-heap of (priority, tie, key). A hit only counts (O(1), no heap work); a key
+    whose count moved since it was pushed is re-pushed with its new priority when it surfaces
+    as a victim, which gives the same order as eager updates at a fraction of the cost."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, str]] = []
-        self._current: dict[str, tuple[float, int]] = {}
-        self._meta: dict[str, tuple[int, float, int]] = {}  # key -> (size, cost, hits)
+        self._current: dict[str, tuple[float, int, int]] = {}  # key -> (priority, tie, hits)
+        self._meta: dict[str, tuple[int, float]] = {}  # key -> (size, refetch cost)
+        self._hits: dict[str, int] = {}
         self._tick = itertools.count()
 
     def _priority(self, size_bytes: int, cost_s: float, hits: int) -> float:
         raise NotImplementedError
 
     def _push(self, key: str) -> None:
-        size, cost, hits = self._meta[key]
-        entry = (self._priority(size, cost, hits), next(self._tick))
-        self._current[key] = entry
-        heapq.heappush(self._heap, (*entry, key))
+        size, cost = self._meta[key]
+        hits = self._hits[key]
+        priority, tie = self._priority(size, cost, hits), next(self._tick)
+        self._current[key] = (priority, tie, hits)
+        heapq.heappush(self._heap, (priority, tie, key))
         if len(self._heap) > 4 * len(self._current) + 64:  # compact away stale entries
-            self._heap = [(p, t, k) for k, (p, t) in self._current.items()]
+            self._heap = [(p, t, k) for k, (p, t, _) in self._current.items()]
             heapq.heapify(self._heap)
 
     def admit(self, key: str, size_bytes: int, refetch_cost_s: float) -> None:
-        hits = self._meta[key][2] if key in self._meta else 0
-        self._meta[key] = (max(size_bytes, 1), refetch_cost_s, hits + 1)
+        self._meta[key] = (max(size_bytes, 1), refetch_cost_s)
+        self._hits[key] = self._hits.get(key, 0) + 1
         self._push(key)
 
     def touch(self, key: str) -> None:
-        if key in self._meta:
-            size, cost, hits = self._meta[key]
-            self._meta[key] = (size, cost, hits + 1)
-            self._push(key)
+        hits = self._hits.get(key)
+        if hits is not None:
+            self._hits[key] = hits + 1
 
     def forget(self, key: str) -> None:
         self._meta.pop(key, None)
         self._current.pop(key, None)
+        self._hits.pop(key, None)
 
     def victims(self) -> Iterator[str]:
         popped: list[tuple[float, int, str]] = []
@@ -117,14 +121,19 @@ class _HeapPolicy(EvictionPolicy):
             while self._heap:
                 entry = heapq.heappop(self._heap)
                 priority, tie, key = entry
-                if self._current.get(key) != (priority, tie):
-                    continue  # stale: the key was touched or forgotten since
+                current = self._current.get(key)
+                if current is None or current[:2] != (priority, tie):
+                    continue  # stale: forgotten, or re-pushed since
+                if current[2] != self._hits[key]:
+                    self._push(key)  # hit since it was pushed: its priority went up
+                    continue
                 popped.append(entry)
                 self._evicted(priority)
                 yield key
         finally:  # offered but not evicted (pinned, or the caller had enough): put back
             for entry in popped:
-                if self._current.get(entry[2]) == entry[:2]:
+                current = self._current.get(entry[2])
+                if current is not None and current[:2] == entry[:2]:
                     heapq.heappush(self._heap, entry)
 
     def _evicted(self, priority: float) -> None:

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tiers.buffers import as_buffer
 from tiers.errors import CapacityError, InvalidArgumentError
 from tiers.policy import make_policy
@@ -37,6 +39,16 @@ class _Entry:
     size_bytes: int
     copies: list[int] = field(default_factory=list)
     pinned: bool = False
+
+
+def _private_copy(data: Any, size_bytes: int) -> Any:
+    """The first ``size_bytes`` of ``data`` (the caller's buffer may be larger), copied so the
+    caller cannot change them under us: a uint8 numpy array, or a torch tensor on its device."""
+    if hasattr(data, "clone") and hasattr(data, "view"):
+        import torch  # only reached with a torch tensor in hand
+
+        return data.detach().reshape(-1).view(torch.uint8)[:size_bytes].clone()
+    return np.frombuffer(as_buffer(data).memoryview(0, size_bytes), np.uint8).copy()
 
 
 def _nbytes(data: Any) -> int:
@@ -103,7 +115,11 @@ class TieredStore:
             for counters in self.counters[:index]:
                 counters.misses += 1
             if self.promote_on_hit and not entry.pinned and key not in self._promoting:
-                self._spawn(self._promote(key))
+                # Hand the bytes just read to the promotion (a memory copy: the caller owns
+                # ``result``) so a miss costs one read of the slow tier, not two.
+                staged = _private_copy(result, entry.size_bytes) if byte_range is None else None
+                self._promoting.add(key)
+                self._spawn(self._promote(key, entry, staged))
         return result
 
     def size_of(self, key: str) -> int | None:
@@ -197,37 +213,35 @@ class TieredStore:
         return written
 
     # ------------------------------------------------------------------ migration
-    async def _promote(self, key: str) -> bool:
+    async def _promote(self, key: str, seen: _Entry | None = None, staged: Any = None) -> bool:
+        """Copy ``key`` up to the fastest tier with room. ``staged``: the object's bytes, read
+        by a get of the entry ``seen`` (ignored if the key was overwritten since)."""
         self._promoting.add(key)
         try:
             async with self._lock:
                 entry = self._entries.get(key)
                 if entry is None or entry.pinned or entry.copies[0] == 0:
                     return False
+                if seen is not None and entry is not seen:
+                    staged = None  # overwritten since the get: those bytes are stale
                 for target in range(entry.copies[0]):
-                    if await self._promote_into(target, key, entry):
+                    if await self._promote_into(target, key, entry, staged):
                         self.counters[target].promotions += 1
                         return True
                 return False
         finally:
             self._promoting.discard(key)
 
-    async def _promote_into(self, target: int, key: str, entry: _Entry) -> bool:
-        if entry.size_bytes > self.tiers[target].capacity_bytes:
-            return False
-        return await self._make_room(target, entry.size_bytes, exclude=key) and await self._copy_to(
-            key, entry, target
-        )
-
-    async def _promote_into(self, target: int, key: str, entry: _Entry) -> bool:
+    async def _promote_into(self, target: int, key: str, entry: _Entry, staged: Any) -> bool:
         if entry.size_bytes > self.tiers[target].capacity_bytes:
             return False
         return await self._make_room(target, entry.size_bytes, exclude=key) and (
-            await self._copy_to(key, entry, target)
+            await self._copy_to(key, entry, target, staged)
         )
 
-    async def _copy_to(self, key: str, entry: _Entry, target: int) -> bool:
-        data = await self.tiers[entry.copies[0]].get(key)
+    async def _copy_to(self, key: str, entry: _Entry, target: int, data: Any = None) -> bool:
+        if data is None:
+            data = await self.tiers[entry.copies[0]].get(key)
         if data is None or not await self._try_put(target, key, data):
             return False
         entry.copies = sorted({*entry.copies, target})

@@ -192,3 +192,21 @@ def test_everything_full_is_a_capacity_error() -> None:
         await store.aclose()
 
     asyncio.run(body())
+
+
+def test_a_promotion_reuses_the_bytes_the_get_read() -> None:
+    async def body() -> None:
+        store = await _memory_store("lru")
+        await store.put("a", _value(5_000, 1))
+        await store.put("b", _value(5_000, 2))  # a now lives in dram only
+        into = np.zeros(9_000, np.uint8)  # larger than the object
+        await store.get("a", into=into)
+        into[:] = 0  # the caller reuses its buffer at once
+        await store.drain()
+        assert store.tier_of("a") == "hbm"
+        assert as_bytes(await store.get("a")) == _value(5_000, 1)
+        dram = store.tiers[1]
+        assert dram.stats()["hits"] == 1  # the promotion did not read dram a second time
+        await store.aclose()
+
+    asyncio.run(body())
