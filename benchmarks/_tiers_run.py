@@ -1,0 +1,308 @@
+"""The tiers benchmark's driver: modes, the order of the parts, progress lines and the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import MIB, code_version, ensure_data_file, machine_string, median
+from _fio import ensure_fio
+from _tiers_memory import SIZES, OpSample, hit_overhead, memory_round, size_label
+from _tiers_nvme import QD, nvme_round, object_counts
+from _tiers_report import (
+    MEMORY_ROWS,
+    NVME_ROWS,
+    headline,
+    hit_table,
+    op_table,
+    target_table,
+    zipf_table,
+)
+from _tiers_zipf import (
+    BATCH,
+    CONCURRENCY,
+    VARIANTS,
+    ZipfSample,
+    make_workload,
+    populate,
+    run_variant,
+    simulated_lru_hit_rate,
+    static_oracle_hit_rate,
+)
+
+from tiers.factory import create_engine
+from tiers.nvme import NvmeTier
+from tiers.nvme_format import record_bytes
+
+DEFAULT_DIR = Path(__file__).resolve().parent / "out"
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    warmup_s: float
+    duration_s: float
+    copy_budget_bytes: int  # bytes per memory-tier series (op count = budget / size, clamped)
+    min_ops: int
+    max_ops: int
+    hit_repeats: int
+    hit_loop_ops: int
+    zipf_rounds: int
+    zipf_dram_bytes: int
+    zipf_warmup_ops: int
+    zipf_measure_ops: int
+    zipf_s: float
+
+
+QUICK = Plan(2, 0.25, 1.5, 64 * MIB, 20, 2000, 12, 5000, 2, 16 * MIB, 2000, 4000, 1.0)
+FULL = Plan(5, 0.5, 3.0, 512 * MIB, 60, 20000, 24, 20000, 3, 64 * MIB, 8000, 16000, 1.0)
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs so far, from /proc/stat; (0, 0) where unreadable."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+class Phase:
+    """Load and CPU steal (time the hypervisor gave our vCPUs to others) over one phase."""
+
+    def __init__(self, name: str, into: dict[str, str]) -> None:
+        self.name, self.into = name, into
+
+    def __enter__(self) -> Phase:
+        self.ticks, self.load1 = cpu_ticks(), os.getloadavg()[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        steal, total = (b - a for a, b in zip(self.ticks, cpu_ticks(), strict=True))
+        share = f"{steal / total:.1%}" if total else "?"
+        self.into[self.name] = f"load1 {self.load1:.1f}->{os.getloadavg()[0]:.1f}, steal {share}"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _log_samples(samples: list[OpSample], round_index: int, rounds: int) -> None:
+    for s in samples:
+        log(
+            f"[round {round_index + 1}/{rounds}] {size_label(s.size_bytes):>6} {s.tier:>6} "
+            f"{s.op:>8}: {s.gbps:7.2f} GB/s  p50 {s.p50_us:9.1f} us  p99 {s.p99_us:9.1f} us "
+            f"({s.ops} ops, load1={os.getloadavg()[0]:.1f})"
+        )
+
+
+async def _hit_chunk(plan: Plan, hits: dict[str, list[float]]) -> None:
+    """Some of the hit-cost repeats: they are spread over the run (at the start and after each
+    round) so that a burst of load from another tenant cannot decide them all."""
+    chunk = await hit_overhead(-(-plan.hit_repeats // (plan.rounds + 1)), plan.hit_loop_ops)
+    for name, values in chunk.items():
+        hits.setdefault(name, []).extend(values)
+
+
+async def _micro(
+    plan: Plan, out_dir: Path, fio: str, fio_path: Path, engine: Any, hits: dict[str, list[float]]
+) -> tuple:
+    counts = object_counts(plan is QUICK)
+    capacity = sum(record_bytes(size) * n for size, n in counts.items())
+    capacity = capacity * 5 // 4 + QD * record_bytes(max(SIZES)) + 64 * MIB
+    tier_dir = out_dir / "tiers_nvme"
+    shutil.rmtree(tier_dir, ignore_errors=True)
+    samples: list[OpSample] = []
+    notes: dict[str, Any] = {}
+    tier = await NvmeTier.open("nvme", capacity, tier_dir, engine=engine, direct=True)
+    try:
+        for r in range(plan.rounds):
+            memory, notes = await memory_round(
+                r, plan.copy_budget_bytes, plan.min_ops, plan.max_ops
+            )
+            _log_samples(memory, r, plan.rounds)
+            nvme = await nvme_round(tier, fio, fio_path, counts, r, plan.warmup_s, plan.duration_s)
+            _log_samples(nvme, r, plan.rounds)
+            samples += memory + nvme
+            await _hit_chunk(plan, hits)
+        stats = tier.stats()
+        notes["nvme_engine"] = stats.get("engine")
+        notes["nvme_puts"] = stats.get("puts")
+        notes["nvme_catalog_commits"] = stats.get("catalog_commits")
+    finally:
+        await tier.aclose()
+        shutil.rmtree(tier_dir, ignore_errors=True)
+    return samples, notes, counts
+
+
+async def _zipf(plan: Plan, out_dir: Path, engine: Any) -> tuple:
+    work = make_workload(
+        plan.zipf_dram_bytes, plan.zipf_warmup_ops, plan.zipf_measure_ops, plan.zipf_s, seed=11
+    )
+    directory = out_dir / "tiers_zipf"
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        took = await populate(directory, engine, work)
+        log(
+            f"zipf: {len(work.keys)} objects, {work.sizes.sum() / MIB:.0f} MiB on NVMe "
+            f"(DRAM {plan.zipf_dram_bytes / MIB:.0f} MiB) written in {took:.1f} s"
+        )
+        samples: list[ZipfSample] = []
+        extras: dict[str, Any] = {}
+        for r in range(plan.zipf_rounds):
+            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+            for variant in order:
+                sample, extra = await run_variant(variant, directory, engine, work, r)
+                samples.append(sample)
+                if extra:
+                    extras[variant] = extra["tiers"][0]
+                log(
+                    f"[zipf round {r + 1}/{plan.zipf_rounds}] {variant:>9}: hit "
+                    f"{sample.hit_rate:.3f} (bytes {sample.byte_hit_rate:.3f}), "
+                    f"{sample.gets_per_s:8,.0f} gets/s, {sample.mb_per_s:6,.0f} MB/s, p50 "
+                    f"{sample.p50_us:6.0f} us, p99 {sample.p99_us:7.0f} us, drain "
+                    f"{sample.drain_share:.2f}, NVMe reads/miss {sample.nvme_reads_per_miss:.2f}"
+                )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    sims = {"lru": simulated_lru_hit_rate(work), "oracle": static_oracle_hit_rate(work)}
+    return samples, sims, work, extras
+
+
+async def _main(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
+    fio = ensure_fio()
+    counts = object_counts(plan is QUICK)
+    fio_bytes = max(size * n for size, n in counts.items())
+    fio_path = args.dir / f"tiers_fio_{fio_bytes // MIB}m.dat"
+    made = ensure_data_file(fio_path, fio_bytes)
+    log(f"{'wrote' if made else 'reusing'} {fio_path}")
+    started = time.perf_counter()
+    phases: dict[str, str] = {}
+    hits: dict[str, list[float]] = {}
+    with Phase("hit cost (first chunk)", phases):
+        await _hit_chunk(plan, hits)
+    engine = create_engine("auto")
+    async with engine:
+        with Phase("per-tier", phases):
+            samples, notes, counts = await _micro(plan, args.dir, fio, fio_path, engine, hits)
+        log(
+            "hit cost (us beyond the copy): "
+            + ", ".join(f"{k} {median(v):.3f}" for k, v in hits.items())
+        )
+        with Phase("zipf", phases):
+            zipf, sims, work, extras = await _zipf(plan, args.dir, engine)
+    return {
+        "samples": samples,
+        "hits": hits,
+        "zipf": zipf,
+        "sims": sims,
+        "work": work,
+        "notes": notes,
+        "counts": counts,
+        "extras": extras,
+        "phases": phases,
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _report(plan: Plan, mode: str, result: dict[str, Any], version: str) -> dict[str, Any]:
+    samples, zipf, work = result["samples"], result["zipf"], result["work"]
+    figures = headline(samples, result["hits"], zipf, result["sims"])
+    notes = result["notes"]
+    figures.update(
+        {
+            "cxl_emulated": notes.get("cxl_emulated"),
+            "hbm_device": notes.get("hbm_device"),
+            "nvme_qd": QD,
+            "nvme_engine": notes.get("nvme_engine"),
+            "zipf_s": work.zipf_s,
+            "zipf_objects": len(work.keys),
+            "zipf_dram_mib": work.dram_bytes // MIB,
+            "elapsed_s": round(result["elapsed_s"], 1),
+            "phases": result["phases"],
+            "machine": machine_string(),
+            "mode": mode,
+            "code": version,
+        }
+    )
+    counts = ", ".join(f"{size_label(s)} x {n}" for s, n in result["counts"].items())
+    compactions = {
+        v: (e.get("compactions"), e.get("compacted_bytes", 0) // MIB, e.get("promotions"))
+        for v, e in result["extras"].items()
+        if v != "nvme-only"
+    }
+    lines = [
+        f"## tiers ({mode}): {plan.rounds} rounds; NVMe and fio {plan.duration_s:g} s per run "
+        f"(+{plan.warmup_s:g} s warm-up) at QD{QD}",
+        "",
+        f"machine: {figures['machine']}; code: {version}",
+        "load and CPU steal per phase: "
+        + "; ".join(f"{k}: {v}" for k, v in result["phases"].items()),
+        f"DRAM pinned: {notes.get('dram_pinned')}; HBM device: {notes.get('hbm_device')}; CXL "
+        f"emulated: {notes.get('cxl_emulated')} ({notes.get('cxl_model')}); NVMe engine: "
+        f"{notes.get('nvme_engine')}, O_DIRECT; NVMe objects per size: {counts}",
+        "",
+        "### Memory tiers vs np.copyto (reference: copy between two preallocated arrays)",
+        "",
+        *op_table(samples, MEMORY_ROWS),
+        "",
+        f"### NVMe vs fio (io_uring, O_DIRECT, QD{QD}): gets vs randread; puts (write + "
+        "fdatasync + catalog commit) vs sequential write with --fdatasync=1",
+        "",
+        *op_table(samples, NVME_ROWS),
+        "",
+        f"NVMe puts: {notes.get('nvme_puts')} puts, each with its own fdatasync of the extent "
+        f"file; {notes.get('nvme_catalog_commits')} catalog (LMDB) commits, group-committed. "
+        "4 KiB objects move as 8 KiB records (64-byte header + padding to 4 KiB).",
+        "",
+        f"### DRAM hit bookkeeping (64 B objects, {len(result['hits']['tier'])} repeats of "
+        f"{plan.hit_loop_ops} gets, spread over the run: at the start and after each round)",
+        "",
+        *hit_table(result["hits"]),
+        "",
+        f"### Zipf(s={work.zipf_s:g}): {len(work.keys)} objects, "
+        f"{work.sizes.sum() / MIB:.0f} MiB = 4x DRAM {work.dram_bytes // MIB} MiB; "
+        f"{work.warmup_ops} warm-up + {len(work.trace) - work.warmup_ops} measured gets, "
+        f"{CONCURRENCY} concurrent, drain() every {BATCH}; {plan.zipf_rounds} rounds",
+        "",
+        *zipf_table(zipf),
+        "",
+        f"References on the same trace: textbook LRU (synchronous admission) "
+        f"{result['sims']['lru']:.3f}; static oracle (highest popularity/size) "
+        f"{result['sims']['oracle']:.3f}. DRAM tier (compactions, MiB compacted, promotions), last "
+        f"round: {compactions}",
+        "",
+        "### Targets",
+        "",
+        *target_table(figures),
+        "",
+    ]
+    print("\n".join(lines), flush=True)
+    return figures
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Tier and TieredStore benchmark (issue 3)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, small sizes (~2 min)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the files live")
+    return parser.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
+    version = code_version()
+    log(f"tiers code: {version}")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    result = asyncio.run(_main(plan, args))
+    figures = _report(plan, mode, result, version)
+    print(json.dumps(figures), flush=True)
