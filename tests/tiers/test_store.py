@@ -242,3 +242,23 @@ def test_concurrent_readers_and_writers_on_one_key(tmp_path: Path) -> None:
         await reopened.aclose()
 
     asyncio.run(body())
+
+
+def test_write_back_store_flush_makes_everything_durable(tmp_path: Path) -> None:
+    async def body() -> None:
+        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb")
+        store = TieredStore([DramTier("dram", 64_000), nvme], "lru", write_through=False)
+        for i in range(4):
+            await store.put(f"k{i}", _value(10_000, i))
+        assert all(store.tier_of(f"k{i}") == "dram" for i in range(4))
+        assert list(nvme.keys()) == []  # write-back: nothing on NVMe yet
+        assert await store.flush() == 4
+        assert await store.flush() == 0  # nothing left to write
+        await store.aclose()
+        reopened = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb")
+        store2 = TieredStore([DramTier("dram", 64_000), reopened], "lru")
+        for i in range(4):
+            assert as_bytes(await store2.get(f"k{i}")) == _value(10_000, i)
+        await store2.aclose()
+
+    asyncio.run(body())
