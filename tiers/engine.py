@@ -278,6 +278,8 @@ class IOEngine(abc.ABC):
 
     def _complete(self, batch: IOBatch) -> None:
         """Called by the engine, in the loop thread, once no request of ``batch`` is in flight."""
+        if not batch.future.done():  # the caller resumes before anyone waiting for a drain
+            batch.future.set_result(None)
         for file, count in batch.file_counts.items():
             file.inflight -= count
             if not file.inflight:
@@ -297,8 +299,6 @@ class IOEngine(abc.ABC):
             counters["bytes_read"] += int(batch.results[reads].sum())
             counters["bytes_written"] += int(batch.results[~reads].sum())
         counters["errors"] += len(batch.errors)
-        if not batch.future.done():
-            batch.future.set_result(None)
 
     def _raise_first_error(self, batch: IOBatch) -> None:
         first = min(batch.errors)

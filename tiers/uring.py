@@ -73,6 +73,7 @@ class UringEngine(IOEngine):
         self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted]
         self._inflight = 0
         self._resumed = 0  # slots now resuming a short transfer
+        self._flush_scheduled = False
         self._watchdog: asyncio.TimerHandle | None = None
         self._buf_starts = np.zeros(0, np.uint64)
         self._buf_ends = np.zeros(0, np.uint64)
@@ -167,7 +168,16 @@ class UringEngine(IOEngine):
         batch.pending = len(batch)
         self._batches[id(batch)] = batch
         self._pending.append([batch, 0])
-        self._drive()
+        if not self._flush_scheduled:
+            # Submit at the end of this loop iteration: every batch started meanwhile (say, 16
+            # concurrent small gets) shares one io_uring_enter and one completion wave.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._ring is not None:
+            self._drive()
 
     def _drive(self, woken: bool = False) -> None:
         """Submit what fits, run and reap completions, refill; until nothing more completes.
