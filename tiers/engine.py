@@ -110,6 +110,19 @@ class IOEngine(abc.ABC):
     def _detach(self, file: FileHandle) -> None:  # noqa: B027  (optional hook)
         """Called before a file's descriptor is closed."""
 
+    def _own_buffer(self, buffer: Any) -> Any:
+        """Hook: turn a buffer this engine accepts but ``as_buffer`` does not (GdsEngine: a CUDA
+        tensor) into a BufferRef. The default passes the buffer through."""
+        return buffer
+
+    def _own_request(self, request: ReadRequest | WriteRequest) -> ReadRequest | WriteRequest:
+        if not isinstance(request, ReadRequest | WriteRequest):
+            return request  # IOBatch.from_requests reports it
+        buffer = self._own_buffer(request.buffer)
+        if buffer is request.buffer:
+            return request
+        return type(request)(request.file, request.offset_bytes, buffer)
+
     async def _shutdown(self) -> None:  # noqa: B027  (optional hook)
         """Release engine resources; nothing is in flight when called."""
 
@@ -191,7 +204,7 @@ class IOEngine(abc.ABC):
             InvalidArgumentError/AlignmentError before anything is issued; the first
             StorageError after all requests finished (``batch_results`` holds each outcome).
         """
-        batch = IOBatch.from_requests(list(requests))
+        batch = IOBatch.from_requests([self._own_request(r) for r in requests])
         await self.run(batch)
         return batch.results.tolist()
 
@@ -201,7 +214,7 @@ class IOEngine(abc.ABC):
 
     async def read_exactly_into(self, file: FileHandle, offset_bytes: int, buffer: Any) -> None:
         """Like read_into, but reaching EOF first raises UnexpectedEOFError."""
-        batch = IOBatch.from_requests([ReadRequest(file, offset_bytes, buffer)])
+        batch = IOBatch.from_requests([ReadRequest(file, offset_bytes, self._own_buffer(buffer))])
         await self.run(batch)
         if batch.results[0] != batch.lengths[0]:
             raise UnexpectedEOFError(
@@ -228,7 +241,9 @@ class IOEngine(abc.ABC):
 
         Returns: int64[n] bytes read per request.
         """
-        batch = IOBatch.for_one_buffer(READ, file, buffer, file_offsets, lengths, buffer_offsets)
+        batch = IOBatch.for_one_buffer(
+            READ, file, self._own_buffer(buffer), file_offsets, lengths, buffer_offsets
+        )
         await self.run(batch)
         return batch.results
 
@@ -241,7 +256,9 @@ class IOEngine(abc.ABC):
         buffer_offsets: np.ndarray | None = None,
     ) -> np.ndarray:
         """Vectorised batch of writes, the mirror of :meth:`read_batch`."""
-        batch = IOBatch.for_one_buffer(WRITE, file, buffer, file_offsets, lengths, buffer_offsets)
+        batch = IOBatch.for_one_buffer(
+            WRITE, file, self._own_buffer(buffer), file_offsets, lengths, buffer_offsets
+        )
         await self.run(batch)
         return batch.results
 

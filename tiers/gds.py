@@ -27,12 +27,11 @@ import asyncio
 import errno
 import queue
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tiers.batch import FSYNC, READ, IOBatch, ReadRequest, WriteRequest
+from tiers.batch import FSYNC, READ, IOBatch
 from tiers.buffers import BufferRef
 from tiers.engine import FileHandle, IOEngine
 from tiers.env import Env
@@ -40,7 +39,6 @@ from tiers.errors import (
     EngineUnavailableError,
     InvalidArgumentError,
     StorageError,
-    UnexpectedEOFError,
     error_from_errno,
 )
 
@@ -122,47 +120,9 @@ class GdsEngine(IOEngine):
         self._waiter: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    # ----------------------------------------------------------------- batches of CUDA buffers
-    # IOBatch reduces buffers with as_buffer, which refuses device memory; these overrides hand
-    # it a ready BufferRef instead (as_buffer passes those through) and keep the tensor as owner.
-    async def submit(self, requests: Sequence[ReadRequest | WriteRequest]) -> list[int]:
-        batch = IOBatch.from_requests([_wrap_request(r) for r in requests])
-        await self.run(batch)
-        return batch.results.tolist()
-
-    async def read_exactly_into(self, file: FileHandle, offset_bytes: int, buffer: Any) -> None:
-        batch = IOBatch.from_requests([_wrap_request(ReadRequest(file, offset_bytes, buffer))])
-        await self.run(batch)
-        done = int(batch.results[0])
-        if done != batch.lengths[0]:
-            raise UnexpectedEOFError(
-                errno.ENODATA,
-                "end of file before the buffer was full",
-                file.path,
-                offset_bytes + done,
-            )
-
-    async def read_batch(
-        self,
-        file: FileHandle,
-        buffer: Any,
-        file_offsets: np.ndarray,
-        lengths: np.ndarray | int,
-        buffer_offsets: np.ndarray | None = None,
-    ) -> np.ndarray:
-        buffer = _device_ref(buffer) or buffer
-        return await super().read_batch(file, buffer, file_offsets, lengths, buffer_offsets)
-
-    async def write_batch(
-        self,
-        file: FileHandle,
-        buffer: Any,
-        file_offsets: np.ndarray,
-        lengths: np.ndarray | int,
-        buffer_offsets: np.ndarray | None = None,
-    ) -> np.ndarray:
-        buffer = _device_ref(buffer) or buffer
-        return await super().write_batch(file, buffer, file_offsets, lengths, buffer_offsets)
+    def _own_buffer(self, buffer: Any) -> Any:
+        # as_buffer refuses device memory: hand IOBatch a ready BufferRef (the tensor as owner)
+        return _device_ref(buffer) or buffer
 
     # ----------------------------------------------------------------- engine hooks
     def _attach(self, file: FileHandle) -> None:
@@ -253,11 +213,6 @@ class GdsEngine(IOEngine):
         except Exception:  # older KvikIO: compat_mode() instead of get()
             out["kvikio_compat_mode"] = str(self._kvikio.defaults.compat_mode())
         return out
-
-
-def _wrap_request(request: ReadRequest | WriteRequest) -> ReadRequest | WriteRequest:
-    ref = _device_ref(request.buffer)
-    return request if ref is None else type(request)(request.file, request.offset_bytes, ref)
 
 
 def _typed(exc: BaseException, file: FileHandle, offset: int) -> BaseException:
