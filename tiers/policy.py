@@ -87,8 +87,9 @@ class _HeapPolicy(EvictionPolicy):
         self._hits: dict[str, int] = {}
         self._tick = itertools.count()
 
+    @abc.abstractmethod
     def _priority(self, size_bytes: int, cost_s: float, hits: int) -> float:
-        raise NotImplementedError
+        """Eviction priority: the lowest goes first."""
 
     def _push(self, key: str) -> None:
         size, cost = self._meta[key]

@@ -12,6 +12,7 @@ Each test is a plain function driving its own event loop (engines are loop-bound
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
@@ -70,13 +71,14 @@ def _pread(path: Path, offset_bytes: int, size_bytes: int) -> bytes:
         os.close(fd)
 
 
-class EngineContract:
+class EngineContract(abc.ABC):
     """Behaviour every engine shares; see the semantics in :mod:`tiers.engine`."""
 
     direct_io = True  # set False for an engine whose filesystem has no O_DIRECT
 
+    @abc.abstractmethod
     def make_engine(self, queue_depth: int = 32) -> IOEngine:
-        raise NotImplementedError
+        """A new engine of the kind under test."""
 
     async def _with_engine(
         self, body: Callable[[IOEngine], Awaitable[T]], queue_depth: int = 32

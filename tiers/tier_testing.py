@@ -9,6 +9,7 @@ The oracle is a plain dict of bytes. Each test drives its own event loop (tiers 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -44,11 +45,12 @@ def _payload(size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
 
 
-class TierContract:
+class TierContract(abc.ABC):
     """Subclass and implement ``make_tier``."""
 
+    @abc.abstractmethod
     async def make_tier(self, capacity_bytes: int, tmp_path: Path) -> Tier:
-        raise NotImplementedError
+        """A new, empty tier of the kind under test (``tmp_path``: a fresh directory)."""
 
     def go(
         self, tmp_path: Path, body: Callable[[Tier], Awaitable[T]], capacity_bytes: int = 1 << 20
