@@ -189,6 +189,25 @@ class IOEngine(abc.ABC):
         with map_os_errors(file.path):
             self.env.close(file.fd)
 
+    async def preallocate(self, file: FileHandle, offset_bytes: int, size_bytes: int) -> None:
+        """Reserve ``[offset_bytes, offset_bytes + size_bytes)`` of ``file`` (posix_fallocate).
+
+        Runs in a worker thread but counts as a request of ``file``, so ``close_file`` and
+        ``aclose`` wait for it: the descriptor is never closed (and its number reused) under it.
+        """
+        self._check_open()
+        if file.closed:
+            raise EngineClosedError(f"file {file.path!r} is closed")
+        if offset_bytes < 0 or size_bytes <= 0:
+            raise InvalidArgumentError(f"bad preallocation range {offset_bytes}+{size_bytes}")
+        file.inflight += 1
+        work = asyncio.ensure_future(
+            asyncio.to_thread(self.env.allocate, file.fd, offset_bytes, size_bytes)
+        )
+        work.add_done_callback(lambda _: _release_one(file))  # even if the caller is cancelled
+        with map_os_errors(file.path, offset_bytes):
+            await asyncio.shield(work)
+
     def file_size(self, file: FileHandle) -> int:
         """Current size of ``file`` in bytes."""
         with map_os_errors(file.path):
@@ -358,6 +377,12 @@ class IOEngine(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """Counters since creation, plus the engine's name and queue depth."""
         return {"engine": self.name, "queue_depth": self.queue_depth, **self.counters}
+
+
+def _release_one(file: FileHandle) -> None:
+    file.inflight -= 1
+    if not file.inflight:
+        _wake_all(file._drained)
 
 
 def _wake_all(waiters: list[asyncio.Future[None]]) -> None:

@@ -201,8 +201,7 @@ class ExtentSpace:
         file = None
         try:
             file = await self.engine.open(path, write=True, create=True, direct=self.direct)
-            with map_os_errors(path):
-                await asyncio.to_thread(env.allocate, file.fd, 0, size_bytes)
+            await self.engine.preallocate(file, 0, size_bytes)
             await self.engine.fsync(file)  # the new size (and the extents under it) is durable
             await asyncio.to_thread(fsync_directory, env, self.directory)  # and its name
         except BaseException:

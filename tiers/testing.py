@@ -390,6 +390,22 @@ class EngineContract(abc.ABC):
         self.go(body)
         assert buffer.tobytes() == path.read_bytes()  # the I/O ran to completion
 
+    def test_preallocate_holds_the_file_open_until_it_finishes(self, tmp_path: Path) -> None:
+        path = tmp_path / "grown.dat"
+
+        async def body(engine: IOEngine) -> None:
+            file = await engine.open(path, write=True, create=True)
+            task = asyncio.ensure_future(engine.preallocate(file, 0, 1 << 20))
+            await asyncio.sleep(0)
+            closing = asyncio.ensure_future(engine.close_file(file))  # must wait for fallocate
+            await asyncio.gather(task, closing)
+            assert file.inflight == 0
+            with pytest.raises(EngineClosedError):
+                await engine.preallocate(file, 0, 4096)
+
+        self.go(body)
+        assert path.stat().st_size == 1 << 20
+
     def test_close_file_refuses_new_requests(self, tmp_path: Path) -> None:
         path = _random_file(tmp_path)
 
