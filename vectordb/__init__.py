@@ -1,1 +1,32 @@
-"""vectordb: planned (see the issues); empty for now."""
+"""vectordb: a disk-resident SPANN index with SPFresh-style in-place updates.
+
+Heads (~12% of the vectors) live in memory behind a navigator; every head owns a posting list
+of nearby vectors on disk (page-aligned, one contiguous read per list, read for a whole query
+batch in one I/O-core submission). Inserts append to lists and split them when they grow too
+long; deletes are tombstones; every acknowledged update is in a write-ahead log first.
+
+    index = await SpannIndex.create(directory, IndexConfig(dim=384, metric="cosine"))
+    await index.build(ids, vectors)
+    ids, scores = await index.search(queries, k=10)
+    await index.insert(new_ids, new_vectors); await index.delete(old_ids)
+    await index.aclose()
+"""
+
+from vectordb.config import IndexConfig, SearchParams
+from vectordb.errors import (
+    DuplicateIdError,
+    IndexClosedError,
+    IndexConfigError,
+    InvalidVectorsError,
+)
+from vectordb.metric import Metric
+
+__all__ = [
+    "DuplicateIdError",
+    "IndexClosedError",
+    "IndexConfig",
+    "IndexConfigError",
+    "InvalidVectorsError",
+    "Metric",
+    "SearchParams",
+]

@@ -1,0 +1,101 @@
+"""IndexConfig (fixed when an index is created) and SearchParams (per query batch).
+
+Defaults follow SPANN/SPFresh (research/spann-diskann.md): heads ~12% of the vectors, at most 8
+replicas per vector chosen by the RNG rule from the 64 nearest heads, posting lists capped at
+about 120 vectors (the nearest kept), merge at <= 10 live vectors. One knob trades recall for
+speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vectordb.errors import IndexConfigError
+from vectordb.metric import Metric
+
+__all__ = ["DTYPES", "IndexConfig", "SearchParams"]
+
+DTYPES = ("float32", "uint8")  # how vectors are stored in posting lists
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """How an index is built and updated. Stored with the index; fixed for its life."""
+
+    dim: int
+    metric: Metric | str = Metric.L2
+    dtype: str = "float32"
+    head_fraction: float = 0.12  # share of vectors chosen as in-memory heads
+    replica_count: int = 8  # posting lists a vector may be stored in
+    rng_factor: float = 1.0  # RNG rule: skip head h if rng_factor * d(h, chosen) < d(x, h)
+    candidate_heads: int = 64  # heads considered when placing a vector
+    posting_limit: int = 120  # vectors per posting list; longer ones split (or, at build, trim)
+    merge_threshold: int = 10  # a list with this many live vectors or fewer merges away
+    reassign_neighbours: int = 32  # neighbouring lists checked for reassignment after a split
+    navigator: str = "auto"  # "flat", "hnsw" or "auto" (hnsw above 20k heads)
+    checkpoint_wal_bytes: int = 64 << 20  # checkpoint once the write-ahead log is this long
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "metric", Metric(self.metric))
+        except ValueError:
+            raise IndexConfigError(
+                f"unknown metric {self.metric!r}; choose from {[m.value for m in Metric]}"
+            ) from None
+        _positive(self, "dim", "replica_count", "candidate_heads", "posting_limit")
+        _positive(self, "reassign_neighbours", "checkpoint_wal_bytes")
+        if self.dtype not in DTYPES:
+            raise IndexConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0.0 < self.head_fraction <= 1.0:
+            raise IndexConfigError(f"head_fraction must be in (0, 1], got {self.head_fraction}")
+        if self.replica_count > self.candidate_heads:
+            raise IndexConfigError("replica_count cannot exceed candidate_heads")
+        if not 0 <= self.merge_threshold < self.posting_limit // 2:
+            raise IndexConfigError("merge_threshold must be below half the posting_limit")
+        if self.rng_factor <= 0:
+            raise IndexConfigError(f"rng_factor must be positive, got {self.rng_factor}")
+        if self.navigator not in ("auto", "flat", "hnsw"):
+            raise IndexConfigError(f"navigator must be auto, flat or hnsw: {self.navigator!r}")
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        return np.dtype(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["metric"] = Metric(self.metric).value
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> IndexConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise IndexConfigError(f"unknown config keys: {sorted(unknown)}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Per-search settings. ``max_postings`` is the recall/latency knob."""
+
+    max_postings: int = 48  # posting lists read per query, nearest heads first
+    prune_ratio: float = 8.0  # skip a list whose head is this many times farther (squared L2)
+    candidate_factor: int = 4  # version-check this many x k nearest candidates first
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_postings", "candidate_factor")
+        if self.prune_ratio < 1.0:
+            raise IndexConfigError(f"prune_ratio must be >= 1, got {self.prune_ratio}")
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+            raise IndexConfigError(f"{name} must be a positive integer, got {value!r}")

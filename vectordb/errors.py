@@ -1,0 +1,57 @@
+"""The errors vectordb adds to the tierkit tree (see tiers.errors for the whole tree).
+
+::
+
+    TierkitError
+     +- InvalidArgumentError (ValueError)
+     |   +- InvalidVectorsError            wrong dimension, dtype, shape, NaN/inf; nothing written
+     |   +- DuplicateIdError               an id twice in one call, or already in the index
+     |   +- IndexConfigError               a config that cannot work (zero dim, unknown metric)
+     +- EngineClosedError (RuntimeError)
+     |   +- IndexClosedError               the index was closed
+     +- CorruptionError                    a posting page, WAL record or metadata fails its check
+     +- StorageError (OSError)             the OS failed (from tiers, unchanged)
+
+Every check on caller input runs before anything is written, so a refused call leaves the index
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+from tiers.errors import (
+    CorruptionError,
+    EngineClosedError,
+    InvalidArgumentError,
+    StorageError,
+    TierkitError,
+)
+
+__all__ = [
+    "CorruptionError",
+    "DuplicateIdError",
+    "IndexClosedError",
+    "IndexConfigError",
+    "InvalidVectorsError",
+    "StorageError",
+    "TierkitError",
+]
+
+
+class InvalidVectorsError(InvalidArgumentError):
+    """Vectors or ids the index cannot take: wrong shape, dimension or dtype, NaN/inf."""
+
+
+class DuplicateIdError(InvalidArgumentError):
+    """An id appears twice in one call, or is already live in the index; ``ids`` lists some."""
+
+    def __init__(self, message: str, ids: list[int]) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+
+class IndexConfigError(InvalidArgumentError):
+    """An index configuration that cannot work."""
+
+
+class IndexClosedError(EngineClosedError):
+    """The index was closed before or during the call."""

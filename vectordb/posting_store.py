@@ -1,0 +1,232 @@
+"""PostingStore: posting lists on disk, each one contiguous run of pages, read many at once.
+
+The directory (per posting id: first page, capacity in pages, record count) lives in memory as
+numpy arrays and goes to LMDB with every checkpoint. Layout of the records: posting_format.
+
+- ``read(pids)`` reads every listed posting in ONE I/O-core submission (one request per list,
+  page-rounded, O_DIRECT when enabled), verifies every record and returns them as one array.
+- ``write(items)`` gives each list a new run (copy-on-write: the old run is freed only after the
+  next checkpoint), all runs written in one submission.
+- ``append(items)`` adds records in place when the run has room, rewriting only the page(s) the
+  new records touch (the tail page is read first, in one submission for all lists); lists
+  without room are moved to a larger run.
+
+Concurrency: loop thread only. Readers may run while a writer awaits: a read snapshots the
+directory rows it needs before its I/O, runs it reads are never reused before a checkpoint, and
+an in-place append rewrites a tail page with the same bytes before the old count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tiers.buffers import aligned_empty
+from tiers.engine import FileHandle, IOEngine
+from vectordb.page_space import PageSpace
+from vectordb.posting_format import PAGE_BYTES, decode, encode, record_dtype
+
+__all__ = ["PostingBatch", "PostingItem", "PostingStore"]
+
+
+@dataclass
+class PostingItem:
+    """Records for one posting list: ``ids`` int64, ``versions`` uint32, ``vectors`` [n, dim]."""
+
+    pid: int
+    ids: np.ndarray
+    versions: np.ndarray
+    vectors: np.ndarray
+    capacity: int = 0  # records the run should hold (write); 0: just enough
+
+
+@dataclass
+class PostingBatch:
+    """Records of several lists: list i is ``records[starts[i]:starts[i + 1]]``."""
+
+    pids: np.ndarray
+    records: np.ndarray
+    starts: np.ndarray
+
+
+class PostingStore:
+    def __init__(self, engine: IOEngine, file: FileHandle, dim: int, dtype: Any, pages: int):
+        self.engine = engine
+        self.file = file
+        self.dtype = record_dtype(dim, dtype)
+        self.rec_bytes = self.dtype.itemsize
+        self.space = PageSpace(engine, file, pages)
+        self.start = np.zeros(0, np.int64)
+        self.capacity = np.zeros(0, np.int32)  # records the run can hold; 0: no list
+        self.count = np.zeros(0, np.int32)
+        self.counters = {"posting_reads": 0, "pages_read": 0, "bytes_read": 0, "pages_written": 0}
+
+    # ----------------------------------------------------------------- directory
+    def restore(self, start: np.ndarray, capacity: np.ndarray, count: np.ndarray) -> None:
+        self.start, self.capacity, self.count = start.copy(), capacity.copy(), count.copy()
+        live = np.flatnonzero(capacity > 0)
+        runs = zip(start[live].tolist(), self._pages(capacity[live]).tolist(), strict=True)
+        self.space.adopt(runs)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return {"start": self.start.copy(), "capacity": self.capacity, "count": self.count}
+
+    def _ensure(self, pid: int) -> None:
+        if pid >= len(self.start):
+            size = max(pid + 1, 2 * len(self.start), 64)
+            for name in ("start", "capacity", "count"):
+                old = getattr(self, name)
+                new = np.zeros(size, old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+
+    def _pages(self, records: np.ndarray | int) -> np.ndarray:
+        return -(-np.asarray(records, np.int64) * self.rec_bytes // PAGE_BYTES)
+
+    def drop(self, pid: int) -> None:
+        """Forget a list; its run is reused after the next checkpoint."""
+        if pid < len(self.capacity) and self.capacity[pid]:
+            self.space.free_later(int(self.start[pid]), int(self._pages(self.capacity[pid])))
+            self.capacity[pid] = self.count[pid] = 0
+
+    # ----------------------------------------------------------------- reads
+    async def read(self, pids: np.ndarray) -> PostingBatch:
+        pids = np.asarray(pids, np.int64)
+        counts = self.count[pids].astype(np.int64)
+        pages = self._pages(counts)
+        keep = pages > 0
+        buffer_pages = np.zeros(len(pids) + 1, np.int64)
+        np.cumsum(pages, out=buffer_pages[1:])
+        buffer = aligned_empty(int(buffer_pages[-1]) * PAGE_BYTES)
+        if keep.any():
+            await self.engine.read_batch(
+                self.file,
+                buffer,
+                self.start[pids[keep]] * PAGE_BYTES,
+                pages[keep] * PAGE_BYTES,
+                buffer_pages[:-1][keep] * PAGE_BYTES,
+            )
+        c = self.counters
+        c["posting_reads"] += int(keep.sum())
+        c["pages_read"] += int(buffer_pages[-1])
+        c["bytes_read"] += int(buffer_pages[-1]) * PAGE_BYTES
+        starts = np.zeros(len(pids) + 1, np.int64)
+        np.cumsum(counts, out=starts[1:])
+        total = int(starts[-1])
+        raw = np.empty(total * self.rec_bytes, np.uint8)
+        byte_offsets = buffer_pages[:-1] * PAGE_BYTES
+        sizes = counts * self.rec_bytes
+        out_offsets = starts[:-1] * self.rec_bytes
+        for src, dst, size in zip(
+            byte_offsets.tolist(), out_offsets.tolist(), sizes.tolist(), strict=True
+        ):
+            raw[dst : dst + size] = buffer[src : src + size]
+        records = decode(raw, total, self.dtype, np.repeat(pids, counts))
+        return PostingBatch(pids, records, starts)
+
+    # ----------------------------------------------------------------- writes
+    async def write(self, items: list[PostingItem]) -> None:
+        """Replace each item's list with exactly its records, in a new run."""
+        if not items:
+            return
+        runs: list[tuple[int, int]] = []
+        for item in items:
+            capacity = max(item.capacity, len(item.ids), 1)
+            runs.append((await self.space.allocate(int(self._pages(capacity))), capacity))
+        used_pages = [int(self._pages(len(item.ids))) for item in items]
+        buffer = aligned_empty(sum(used_pages) * PAGE_BYTES)
+        offset = 0
+        file_offsets, buffer_offsets, lengths = [], [], []
+        for item, pages in zip(items, used_pages, strict=True):
+            n = len(item.ids)
+            out = buffer[offset : offset + n * self.rec_bytes].view(self.dtype)
+            encode(out, item.pid, item.ids, item.versions, item.vectors)
+            buffer[offset + n * self.rec_bytes : offset + pages * PAGE_BYTES] = 0
+            if pages:
+                buffer_offsets.append(offset)
+                lengths.append(pages * PAGE_BYTES)
+            offset += pages * PAGE_BYTES
+        for (start, _), pages in zip(runs, used_pages, strict=True):
+            if pages:
+                file_offsets.append(start * PAGE_BYTES)
+        if file_offsets:
+            await self.engine.write_batch(
+                self.file,
+                buffer,
+                np.asarray(file_offsets, np.int64),
+                np.asarray(lengths, np.int64),
+                np.asarray(buffer_offsets, np.int64),
+            )
+        self.counters["pages_written"] += sum(used_pages)
+        for item, (start, capacity) in zip(items, runs, strict=True):
+            self.drop(item.pid)
+            self._ensure(item.pid)
+            self.start[item.pid] = start
+            self.capacity[item.pid] = capacity
+            self.count[item.pid] = len(item.ids)
+
+    async def append(self, items: list[PostingItem], headroom: float = 0.5) -> None:
+        """Add records to existing lists (in place where the run has room)."""
+        in_place = [i for i in items if self.count[i.pid] + len(i.ids) <= self.capacity[i.pid]]
+        moved = [i for i in items if self.count[i.pid] + len(i.ids) > self.capacity[i.pid]]
+        if moved:
+            old = await self.read(np.array([i.pid for i in moved], np.int64))
+            grown = []
+            for k, item in enumerate(moved):
+                rec = old.records[old.starts[k] : old.starts[k + 1]]
+                n = len(rec) + len(item.ids)
+                grown.append(
+                    PostingItem(
+                        item.pid,
+                        np.concatenate([rec["id"], item.ids]),
+                        np.concatenate([rec["version"], item.versions]),
+                        np.concatenate([rec["vector"], item.vectors]),
+                        capacity=int(n + max(8, n * headroom)),
+                    )
+                )
+            await self.write(grown)
+        if in_place:
+            await self._append_in_place(in_place)
+
+    async def _append_in_place(self, items: list[PostingItem]) -> None:
+        pids = np.array([i.pid for i in items], np.int64)
+        old_bytes = self.count[pids].astype(np.int64) * self.rec_bytes
+        new_bytes = old_bytes + np.array([len(i.ids) for i in items]) * self.rec_bytes
+        first_page = old_bytes // PAGE_BYTES
+        last_page = -(-new_bytes // PAGE_BYTES)
+        span_pages = last_page - first_page
+        buffer_pages = np.zeros(len(items) + 1, np.int64)
+        np.cumsum(span_pages, out=buffer_pages[1:])
+        buffer = aligned_empty(int(buffer_pages[-1]) * PAGE_BYTES)
+        file_offsets = (self.start[pids] + first_page) * PAGE_BYTES
+        buffer_offsets = buffer_pages[:-1] * PAGE_BYTES
+        has_tail = old_bytes % PAGE_BYTES > 0  # a partly used page: keep its bytes
+        if has_tail.any():
+            await self.engine.read_batch(
+                self.file, buffer, file_offsets[has_tail], PAGE_BYTES, buffer_offsets[has_tail]
+            )
+        for k, item in enumerate(items):
+            at = int(buffer_offsets[k] + old_bytes[k] % PAGE_BYTES)
+            n = len(item.ids)
+            encode(
+                buffer[at : at + n * self.rec_bytes].view(self.dtype),
+                item.pid,
+                item.ids,
+                item.versions,
+                item.vectors,
+            )
+            end = int(buffer_offsets[k] + span_pages[k] * PAGE_BYTES)
+            buffer[at + n * self.rec_bytes : end] = 0
+        await self.engine.write_batch(
+            self.file, buffer, file_offsets, span_pages * PAGE_BYTES, buffer_offsets
+        )
+        self.counters["pages_written"] += int(buffer_pages[-1])
+        self.count[pids] += np.array([len(i.ids) for i in items], np.int32)
+
+    async def sync(self) -> None:
+        await self.engine.fsync(self.file, datasync=True)
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, **self.space.stats(), "postings": int((self.capacity > 0).sum())}
