@@ -7,6 +7,8 @@ indices through the I/O core in one submission: ``FixedSizeSource`` (raw records
 ``DirectorySource`` (a file per sample).
 """
 
+from dataload.arrow_source import ArrowSource
+from dataload.directory_source import DirectorySource
 from dataload.errors import (
     CorruptSampleError,
     SampleError,
@@ -16,15 +18,21 @@ from dataload.errors import (
     SourceFormatError,
     TransformError,
 )
+from dataload.lmdb_source import LmdbSource, index_key, write_lmdb
 from dataload.loader import ShuffledLoader
 from dataload.order import RankPlan, epoch_order, rank_slice
+from dataload.parquet_source import ParquetSource
 from dataload.record_source import FixedSizeSource, RecordFileSource
 from dataload.record_writer import RecordWriter, write_records
 from dataload.source import SampleBatch, Source, read_samples
 
 __all__ = [
+    "ArrowSource",
     "CorruptSampleError",
+    "DirectorySource",
     "FixedSizeSource",
+    "LmdbSource",
+    "ParquetSource",
     "RankPlan",
     "RecordFileSource",
     "RecordWriter",
@@ -38,7 +46,9 @@ __all__ = [
     "SourceFormatError",
     "TransformError",
     "epoch_order",
+    "index_key",
     "rank_slice",
     "read_samples",
+    "write_lmdb",
     "write_records",
 ]

@@ -113,7 +113,16 @@ class BatchAssembler:
                 rows = rows[keep]
             return torch.from_numpy(rows)
         positions = keep if keep is not None else range(len(batch))
-        return [torch.from_numpy(batch.sample(j)) for j in positions]
+        tensors = [torch.from_numpy(_view(batch, j)) for j in positions]
+        if batch.labels is None:
+            return tensors
+        labels = batch.labels if keep is None else batch.labels[keep]
+        return tensors, torch.from_numpy(np.ascontiguousarray(labels))
+
+
+def _view(batch: SampleBatch, position: int) -> np.ndarray:
+    start = int(batch.starts[position])  # type: ignore[index]
+    return batch.data[start : start + int(batch.sizes[position])]  # type: ignore[index]
 
 
 def _column(values: Any, keep: list[int] | None) -> Any:

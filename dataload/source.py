@@ -48,16 +48,19 @@ class SampleBatch:
     errors: dict[int, SampleError] = field(default_factory=dict)
     bytes_read: int = 0
     packed: bool = False  # byte sources: sample j starts at j * sizes[0] (equal sizes, no gaps)
+    labels: np.ndarray | None = None  # byte sources with a label per sample (DirectorySource)
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def sample(self, position: int) -> Any:
-        """Sample at ``position``: a uint8 view (byte sources) or a ``{column: value}`` dict."""
+        """Sample at ``position``: a uint8 view (byte sources; ``(view, label)`` with labels) or
+        a ``{column: value}`` dict (table sources)."""
         if self.columns is not None:
             return {name: values[position] for name, values in self.columns.items()}
         start = int(self.starts[position])  # type: ignore[index]
-        return self.data[start : start + int(self.sizes[position])]  # type: ignore[index]
+        view = self.data[start : start + int(self.sizes[position])]  # type: ignore[index]
+        return view if self.labels is None else (view, int(self.labels[position]))
 
 
 class Source(abc.ABC):
@@ -139,6 +142,8 @@ def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[byt
         if batch.errors:
             raise batch.errors[min(batch.errors)]
         out = [batch.sample(j) for j in range(len(batch))]
+        if batch.labels is not None:
+            return [(bytes(view), label) for view, label in out]
         return [bytes(s) if isinstance(s, np.ndarray) else s for s in out]
 
     return asyncio.run(run())
