@@ -50,7 +50,7 @@ from tiers.errors import (
     map_os_errors,
 )
 
-__all__ = ["Catalog", "CatalogEntry"]
+__all__ = ["Catalog", "CatalogEntry", "lmdb_errors"]
 
 CATALOG_FORMAT_VERSION = 1
 _ENTRY = struct.Struct("<IQQIQ")
@@ -152,7 +152,7 @@ class Catalog:
                     future.set_result(None)
 
     def _open_sync(self) -> None:
-        with _lmdb_errors(self.path):
+        with lmdb_errors(self.path):
             with map_os_errors(self.path):
                 env = lmdb.open(
                     self.path,
@@ -193,7 +193,7 @@ class Catalog:
         self.next_version = next_version
 
     def _commit_sync(self, changes: list[tuple[str, CatalogEntry | None]], next_version: int):
-        with _lmdb_errors(self.path):
+        with lmdb_errors(self.path):
             while True:
                 try:
                     with self._env.begin(write=True) as txn:
@@ -209,7 +209,7 @@ class Catalog:
 
 
 @contextlib.contextmanager
-def _lmdb_errors(path: str) -> Iterator[None]:
+def lmdb_errors(path: str) -> Iterator[None]:
     """Translate LMDB's exceptions into the tierkit error tree."""
     try:
         yield

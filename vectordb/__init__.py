@@ -19,6 +19,7 @@ from vectordb.errors import (
     IndexConfigError,
     InvalidVectorsError,
 )
+from vectordb.index import SpannIndex
 from vectordb.metric import Metric
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "InvalidVectorsError",
     "Metric",
     "SearchParams",
+    "SpannIndex",
 ]

@@ -84,8 +84,8 @@ class IndexConfig:
 class SearchParams:
     """Per-search settings. ``max_postings`` is the recall/latency knob."""
 
-    max_postings: int = 48  # posting lists read per query, nearest heads first
-    prune_ratio: float = 8.0  # skip a list whose head is this many times farther (squared L2)
+    max_postings: int = 8  # posting lists read per query, nearest heads first
+    prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
     candidate_factor: int = 4  # version-check this many x k nearest candidates first
 
     def __post_init__(self) -> None:

@@ -1,10 +1,11 @@
 """Navigator: the in-memory head vectors and the index that finds a query's nearest heads.
 
-faiss does the work: an exact flat index while there are few heads, HNSW (M=32) above
-``HNSW_ABOVE`` heads. Heads are added when a posting list splits and removed when one splits
-or merges away; faiss's flat and HNSW indexes cannot drop entries cheaply, so a removed head is
-only marked dead (searches ask for a few more results and skip it) and the index is rebuilt
-once a tenth of it is dead.
+An exact scan in numpy (one BLAS matrix product per query chunk: 3x faster than faiss's flat
+index on this machine) while there are few heads; faiss HNSW (M=32) above ``HNSW_ABOVE``
+heads. Heads are added when a posting list splits and removed when one splits or merges away;
+HNSW cannot drop entries cheaply, so a removed head is only marked dead (the flat scan scores it
++inf, HNSW searches ask for a few more results and skip it) and the structure is rebuilt once a
+tenth of it is dead.
 
 Distances are the index's internal ones (metric.py): smaller is nearer.
 Concurrency: loop thread only; faiss calls release the GIL and use its own OpenMP threads.
@@ -28,7 +29,10 @@ class Navigator:
         self.dim = dim
         self.metric = metric
         self.kind = kind
-        self._index: faiss.Index = self._new_index(0)
+        self._index: faiss.Index | None = self._new_index(0)
+        self._flat = np.zeros((0, dim), np.float32)  # flat mode: head vectors by position
+        self._flat_norms = np.zeros(0, np.float32)
+        self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)  # faiss position -> pid, -1 once removed
         self._pid_pos: dict[int, int] = {}
         self._dead = 0
@@ -37,21 +41,61 @@ class Navigator:
     def n_heads(self) -> int:
         return len(self._pid_pos)
 
-    def _new_index(self, expected: int) -> faiss.Index:
+    def _new_index(self, expected: int) -> faiss.Index | None:
+        """An HNSW index, or None for the numpy flat scan."""
         hnsw = self.kind == "hnsw" or (self.kind == "auto" and expected > HNSW_ABOVE)
-        metric = self.metric.faiss_metric
-        if hnsw:
-            index = faiss.IndexHNSWFlat(self.dim, _HNSW_M, metric)
-            index.hnsw.efConstruction = 64
-            return index
-        return faiss.IndexFlat(self.dim, metric)
+        if not hnsw:
+            return None
+        index = faiss.IndexHNSWFlat(self.dim, _HNSW_M, self.metric.faiss_metric)
+        index.hnsw.efConstruction = 64
+        return index
+
+    @property
+    def _ntotal(self) -> int:
+        return self._n_flat if self._index is None else self._index.ntotal
+
+    def _add_flat(self, vectors: np.ndarray) -> None:
+        n = len(vectors)
+        if self._n_flat + n > len(self._flat):
+            grown = np.zeros((max(2 * len(self._flat), self._n_flat + n, 64), self.dim), np.float32)
+            grown[: self._n_flat] = self._flat[: self._n_flat]
+            norms = np.zeros(len(grown), np.float32)
+            norms[: self._n_flat] = self._flat_norms[: self._n_flat]
+            self._flat, self._flat_norms = grown, norms
+        block = self._flat[self._n_flat : self._n_flat + n]
+        block[:] = vectors
+        self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", block, block)
+        self._n_flat += n
+
+    def _search_flat(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
+        heads = self._flat[: self._n_flat]
+        dist = queries @ heads.T
+        if self.metric is Metric.L2:
+            dist = self._flat_norms[: self._n_flat] - 2.0 * dist
+            dist += np.einsum("ij,ij->i", queries, queries)[:, None]
+        else:
+            np.negative(dist, out=dist)
+        if self._dead:
+            dist[:, self._pos_pid < 0] = np.inf
+        if want < dist.shape[1]:
+            pos = np.argpartition(dist, want - 1, axis=1)[:, :want]
+        else:
+            pos = np.broadcast_to(np.arange(dist.shape[1]), dist.shape).copy()
+        part = np.take_along_axis(dist, pos, axis=1)
+        order = np.argsort(part, axis=1, kind="stable")
+        pos = np.take_along_axis(pos, order, axis=1)
+        return np.take_along_axis(part, order, axis=1), pos
 
     def add(self, vectors: np.ndarray, pids: np.ndarray) -> None:
         """Add heads (prepared float32 vectors) under posting ids ``pids``."""
         if len(pids) == 0:
             return
-        start = self._index.ntotal
-        self._index.add(np.ascontiguousarray(vectors, np.float32))
+        start = self._ntotal
+        vectors = np.ascontiguousarray(vectors, np.float32)
+        if self._index is None:
+            self._add_flat(vectors)
+        else:
+            self._index.add(vectors)
         self._pos_pid = np.concatenate([self._pos_pid, np.asarray(pids, np.int64)])
         for offset, pid in enumerate(np.asarray(pids).tolist()):
             self._pid_pos[pid] = start + offset
@@ -61,13 +105,15 @@ class Navigator:
             pos = self._pid_pos.pop(pid)
             self._pos_pid[pos] = -1
             self._dead += 1
-        if self._dead > max(64, self._index.ntotal // 10):
+        if self._dead > max(64, self._ntotal // 10):
             self._rebuild()
 
     def vectors_of(self, pids: np.ndarray) -> np.ndarray:
         positions = np.array([self._pid_pos[int(p)] for p in np.asarray(pids).tolist()], np.int64)
         if len(positions) == 0:
             return np.zeros((0, self.dim), np.float32)
+        if self._index is None:
+            return self._flat[positions]
         return self._index.reconstruct_batch(positions)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,13 +123,17 @@ class Navigator:
         out_dist = np.full((n_queries, k), np.inf, np.float32)
         if not self._pid_pos or n_queries == 0:
             return out_pids, out_dist
-        want = min(self._index.ntotal, k + self._dead)
-        if isinstance(self._index, faiss.IndexHNSW):
+        queries = np.ascontiguousarray(queries, np.float32)
+        if self._index is None:
+            want = min(self._ntotal, k)  # dead heads score +inf: never ahead of a live one
+            dist, pos = self._search_flat(queries, want)
+        else:
+            want = min(self._ntotal, k + self._dead)
             self._index.hnsw.efSearch = max(2 * want, 64)
-        dist, pos = self._index.search(np.ascontiguousarray(queries, np.float32), want)
+            dist, pos = self._index.search(queries, want)
+            if self.metric is not Metric.L2:
+                dist = -dist
         pids = np.where(pos >= 0, self._pos_pid[np.maximum(pos, 0)], -1)
-        if self.metric is not Metric.L2:
-            dist = -dist
         if self._dead:
             order = np.argsort(pids < 0, axis=1, kind="stable")  # live ones first, still sorted
             pids = np.take_along_axis(pids, order, axis=1)
@@ -101,14 +151,15 @@ class Navigator:
     def _rebuild(self) -> None:
         pids, vectors = self.snapshot()
         self._index = self._new_index(len(pids))
+        self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)
         self._pid_pos = {}
         self._dead = 0
         self.add(vectors, pids)
 
     def resident_bytes(self) -> int:
-        vectors = self._index.ntotal * self.dim * 4
-        links = (
-            self._index.ntotal * _HNSW_M * 2 * 4 if isinstance(self._index, faiss.IndexHNSW) else 0
-        )
-        return vectors + links + self._pos_pid.nbytes + len(self._pid_pos) * 100
+        bookkeeping = self._pos_pid.nbytes + len(self._pid_pos) * 100
+        if self._index is None:
+            return self._flat.nbytes + self._flat_norms.nbytes + bookkeeping
+        links = self._index.ntotal * _HNSW_M * 2 * 4
+        return self._index.ntotal * self.dim * 4 + links + bookkeeping

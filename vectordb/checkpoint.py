@@ -1,0 +1,99 @@
+"""Checkpoints: the index's whole in-memory state to LMDB, and back at open (plus log replay).
+
+Order of a checkpoint (under the update lock, so no update is half applied):
+
+1. fdatasync ``postings.dat``: every page the new state points at is durable;
+2. start a new log segment: updates from now on go there;
+3. commit the state to LMDB in one transaction (it names the new segment as the replay start);
+4. delete the older segments; give runs freed since the last checkpoint back to the allocator,
+   once searches that may still read them have finished.
+
+A crash before 3 leaves the old checkpoint and its log (the new segment is replayed too, empty
+or not); after 3, the new checkpoint. Open = load the checkpoint, replay segments >= its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from tiers.errors import FileMissingError
+from vectordb.meta import Checkpoint
+from vectordb.version_map import VersionMap
+from vectordb.wal import DELETE, list_segments, read_segment
+
+if TYPE_CHECKING:
+    from vectordb.index import SpannIndex
+
+__all__ = ["checkpoint", "load_checkpoint", "write_checkpoint"]
+
+
+async def checkpoint(index: SpannIndex) -> None:
+    async with index.update_lock:
+        await index.store.sync()
+        await index.wal.start_segment(index.wal.seq + 1)
+        await write_checkpoint(index)
+        index.wal.drop_segments_before(index.wal.seq)
+        freed = index.store.space.take_pending()
+        readers = list(index.searches)
+    index.counters["checkpoints"] += 1
+    if readers:  # a search that started earlier may still be reading a freed run
+        await asyncio.gather(*readers, return_exceptions=True)
+    index.store.space.release_pending(freed)
+
+
+async def write_checkpoint(index: SpannIndex) -> None:
+    head_pids, head_vectors = index.navigator.snapshot()
+    version_ids, versions = index.versions.snapshot()
+    directory = index.store.snapshot()
+    state = {
+        "wal_seq": index.wal.seq,
+        "next_lsn": index.wal.next_lsn,
+        "next_pid": index.next_pid,
+        "navigator_kind": index.navigator.kind,
+    }
+    arrays = {
+        "head_pids": head_pids,
+        "head_vectors": head_vectors,
+        "version_ids": version_ids,
+        "versions": versions,
+        "posting_start": directory["start"],
+        "posting_capacity": directory["capacity"],
+        "posting_count": directory["count"],
+    }
+    snapshot = Checkpoint(index.config.to_dict(), state, arrays)
+    await asyncio.to_thread(index.meta.write, snapshot)
+
+
+async def load_checkpoint(index: SpannIndex) -> None:
+    from vectordb.updates import apply_insert
+
+    saved = index.meta.read()
+    assert saved is not None
+    arrays = saved.arrays
+    index.navigator.add(arrays["head_vectors"], arrays["head_pids"])
+    index.versions = VersionMap(arrays["version_ids"], arrays["versions"])
+    index.store.restore(
+        arrays["posting_start"], arrays["posting_capacity"], arrays["posting_count"]
+    )
+    index.next_pid = int(saved.state["next_pid"])
+    start_seq = int(saved.state["wal_seq"])
+    index.wal.next_lsn = int(saved.state["next_lsn"])
+    segments = [seq for seq in list_segments(index.directory) if seq >= start_seq] or [start_seq]
+    valid_bytes = 0
+    for seq in segments:
+        path = f"{index.directory}/wal-{seq:08d}.log"
+        try:
+            records, valid_bytes = read_segment(path, index.config.dim, index.config.numpy_dtype)
+        except FileMissingError:
+            records, valid_bytes = [], 0
+        for record in records:
+            if record.kind == DELETE:
+                index.versions.delete(record.ids)
+            else:
+                assert record.vectors is not None
+                fresh = ~index.versions.is_live(record.ids)  # replay is idempotent
+                await apply_insert(index, record.ids[fresh], record.vectors[fresh])
+            index.wal.next_lsn = max(index.wal.next_lsn, record.lsn + 1)
+            index.counters["wal_replayed"] += 1
+    await index.wal.start_segment(segments[-1], valid_bytes)

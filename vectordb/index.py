@@ -1,0 +1,249 @@
+"""SpannIndex: the disk-resident vector index (the public face of vectordb).
+
+Files in the index directory: ``LOCK`` (one owner at a time, any process), ``meta/`` (LMDB: the
+last checkpoint), ``postings.dat`` (posting lists, O_DIRECT), ``wal-*.log`` (updates since the
+checkpoint). Opening loads the checkpoint and replays the log, so every acknowledged insert and
+delete is there after a crash, ``kill -9`` included.
+
+Work is split by concern: build.py (bulk build), search.py, updates.py (insert, delete, split,
+merge, reassign), checkpoint.py. This module holds the state they share and the lifecycle.
+
+Concurrency: one asyncio loop (the I/O engine is bound to it). Searches run concurrently with
+each other and with one updater; updates and checkpoints are serialised by ``update_lock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import numpy as np
+
+from tiers.engine import FileHandle, IOEngine
+from tiers.errors import FileMissingError
+from tiers.factory import create_engine
+from tiers.tier_directory import lock_directory, unlock_directory
+from vectordb.config import IndexConfig, SearchParams
+from vectordb.errors import IndexClosedError, IndexConfigError
+from vectordb.meta import MetaStore
+from vectordb.metric import Metric
+from vectordb.navigator import Navigator
+from vectordb.posting_store import PostingStore
+from vectordb.version_map import VersionMap
+from vectordb.wal import WriteAheadLog
+
+__all__ = ["SpannIndex"]
+
+POSTINGS_FILE = "postings.dat"
+
+
+class SpannIndex:
+    """Create with :meth:`create`, reopen with :meth:`open`; close with :meth:`aclose`."""
+
+    def __init__(self, directory: str, config: IndexConfig, engine: IOEngine, owns_engine: bool):
+        self.directory = directory
+        self.config = config
+        self.metric = Metric(config.metric)
+        self.engine = engine
+        self.owns_engine = owns_engine
+        self.navigator = Navigator(config.dim, self.metric, config.navigator)
+        self.versions = VersionMap()
+        self.store: PostingStore
+        self.meta: MetaStore
+        self.wal = WriteAheadLog(engine, directory)
+        self.update_lock = asyncio.Lock()
+        self.next_pid = 0
+        self.merge_candidates: set[int] = set()
+        self.searches: set[asyncio.Future[None]] = set()
+        self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
+        self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
+        self._lock_fd = -1
+        self._file: FileHandle | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def create(
+        cls,
+        directory: str | os.PathLike[str],
+        config: IndexConfig,
+        *,
+        engine: IOEngine | None = None,
+        direct: bool = True,
+    ) -> SpannIndex:
+        """A new, empty index in ``directory`` (created if missing; must not hold an index)."""
+        from vectordb.checkpoint import write_checkpoint
+
+        index = await cls._start(os.fspath(directory), config, engine, direct, existing=False)
+        try:
+            await index.wal.start_segment(0)
+            await write_checkpoint(index)
+        except BaseException:
+            await index._release()
+            raise
+        return index
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        engine: IOEngine | None = None,
+        direct: bool = True,
+    ) -> SpannIndex:
+        """Reopen an index: load its checkpoint and replay its write-ahead log."""
+        from vectordb.checkpoint import load_checkpoint
+
+        index = await cls._start(os.fspath(directory), None, engine, direct, existing=True)
+        try:
+            await load_checkpoint(index)
+        except BaseException:
+            await index._release()
+            raise
+        return index
+
+    @classmethod
+    async def _start(
+        cls,
+        directory: str,
+        config: IndexConfig | None,
+        engine: IOEngine | None,
+        direct: bool,
+        existing: bool,
+    ) -> SpannIndex:
+        if existing and not os.path.isdir(os.path.join(directory, "meta")):  # noqa: ASYNC240
+            raise FileMissingError(2, "no vector index here", directory)
+        lock_fd = lock_directory(directory)
+        try:
+            meta = MetaStore(os.path.join(directory, "meta"))
+            checkpoint = meta.read()
+        except BaseException:
+            unlock_directory(lock_fd)
+            raise
+        if existing:
+            assert checkpoint is not None
+            config = IndexConfig.from_dict(checkpoint.config)
+        elif checkpoint is not None:
+            meta.close()
+            unlock_directory(lock_fd)
+            raise IndexConfigError(f"{directory!r} already holds an index; use SpannIndex.open")
+        assert config is not None
+        owns = engine is None
+        index = cls(directory, config, engine or create_engine(), owns)
+        index._lock_fd, index.meta = lock_fd, meta
+        try:
+            path = os.path.join(directory, POSTINGS_FILE)
+            index._file = await index.engine.open(path, write=True, create=True, direct=direct)
+            pages = index.engine.file_size(index._file) // 4096
+            index.store = PostingStore(index.engine, index._file, config.dim, config.dtype, pages)
+        except BaseException:
+            await index._release()
+            raise
+        return index
+
+    async def aclose(self) -> None:
+        """Checkpoint (so reopening replays nothing), then release files, lock and engine."""
+        if self._closed:
+            return
+        from vectordb.checkpoint import checkpoint
+
+        try:
+            if not self.engine.closed:
+                await checkpoint(self)
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        self._closed = True
+        if not self.engine.closed:
+            await self.wal.close()
+            if self._file is not None:
+                await self.engine.close_file(self._file)
+            if self.owns_engine:
+                await self.engine.aclose()
+        if getattr(self, "meta", None) is not None:
+            self.meta.close()
+        if self._lock_fd >= 0:
+            unlock_directory(self._lock_fd)
+            self._lock_fd = -1
+
+    async def __aenter__(self) -> SpannIndex:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def check_open(self) -> None:
+        if self._closed or self.engine.closed:
+            raise IndexClosedError(f"the index at {self.directory!r} is closed")
+
+    # ----------------------------------------------------------------- operations
+    async def build(
+        self, ids: Any, vectors: Any, *, progress: bool = False, batch_rows: int = 65536
+    ) -> None:
+        """Bulk-build an empty index from ``vectors`` (ids None: 0..n-1). Atomic: a crash in
+        the middle leaves the index empty."""
+        from vectordb.build import build
+
+        self.check_open()
+        await build(self, ids, vectors, progress=progress, batch_rows=batch_rows)
+
+    async def search(
+        self, queries: Any, k: int = 10, params: SearchParams | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int64 [Q, k], scores float32 [Q, k]) of each query's k nearest live vectors;
+        missing results are id -1. Scores: squared L2 ascending, or similarity descending."""
+        from vectordb.search import search
+
+        self.check_open()
+        return await search(self, queries, k, params or SearchParams())
+
+    async def insert(self, ids: Any, vectors: Any) -> None:
+        """Add vectors under new ids; durable (in the log) when this returns."""
+        from vectordb.updates import insert
+
+        self.check_open()
+        await insert(self, ids, vectors)
+
+    async def delete(self, ids: Any) -> int:
+        """Delete ids (unknown or already deleted ones are ignored); returns how many were
+        live. Durable when this returns."""
+        from vectordb.updates import delete
+
+        self.check_open()
+        return await delete(self, ids)
+
+    async def checkpoint(self) -> None:
+        """Write the whole in-memory state to LMDB and start a new, empty log."""
+        from vectordb.checkpoint import checkpoint
+
+        self.check_open()
+        await checkpoint(self)
+
+    def data_files(self) -> list[str]:
+        """Files whose pages a search reads (for cold-cache benchmarks)."""
+        return [os.path.join(self.directory, POSTINGS_FILE)]
+
+    def stats(self) -> dict[str, Any]:
+        n_vectors = self.versions.live_count
+        raw = n_vectors * self.config.dim * self.config.numpy_dtype.itemsize
+        resident = (
+            self.navigator.resident_bytes()
+            + self.versions.resident_bytes()
+            + sum(a.nbytes for a in self.store.snapshot().values())
+        )
+        return {
+            "n_vectors": n_vectors,
+            "n_heads": self.navigator.n_heads,
+            "resident_bytes": resident,
+            "raw_vector_bytes": raw,
+            "resident_fraction": resident / raw if raw else 0.0,
+            **self.counters,
+            **self.store.stats(),
+            "wal_bytes": self.wal.bytes_written,
+        }
+
+    def take_pid(self) -> int:
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        return pid
