@@ -70,6 +70,7 @@ class DirectorySource(Source):
 
     async def open(self, engine: IOEngine) -> None:
         self._engine = engine
+        self._handles, self._pinned = OrderedDict(), {}  # a copy must not share a clone's
 
     async def close(self) -> None:
         handles, self._handles = list(self._handles.values()), OrderedDict()

@@ -65,8 +65,7 @@ class LmdbSource(Source):
 
     async def open(self, engine: IOEngine) -> None:
         del engine  # LMDB reads through its own memory map
-        if self._env is None:
-            self._env = self._open_env()
+        self._env = self._open_env()  # each loader (a copy of this source) has its own
 
     async def close(self) -> None:
         if self._env is not None:

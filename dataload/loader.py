@@ -19,6 +19,7 @@ stops its thread; a loader dropped without ``close`` stops it when garbage-colle
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import time
 import weakref
@@ -104,7 +105,7 @@ class ShuffledLoader:
         self._epoch_cache: dict[int, np.ndarray] = {}
         self._stats = LoaderStats()
         self._fetcher = Fetcher(
-            source,
+            copy.copy(source),  # open() state (engine, files, caches) is per loader
             BatchAssembler(source, transform, collate_fn, on_error),
             engine=engine,
             queue_depth=queue_depth,

@@ -85,6 +85,7 @@ class ParquetSource(Source):
 
     async def open(self, engine: IOEngine) -> None:
         self._engine = engine
+        self._cache, self._cached_bytes = OrderedDict(), 0  # per loader: no sharing across loops
         self._file = await engine.open(self.path)
 
     async def close(self) -> None:

@@ -5,7 +5,9 @@ sources issue every read of the batch in one engine call into one buffer from th
 :class:`~dataload.slabs.SlabPool`; table sources (Arrow, Parquet) return decoded columns.
 
 Lifecycle: ``await open(engine)`` once, ``await read(...)`` any number of times (concurrently),
-``await close()``. All three run on the loop thread that owns ``engine``.
+``await close()``. All three run on the loop thread that owns ``engine``. A loader works on a
+shallow copy of the source it is given, so ``open`` must (re)create all per-open state: one
+source object can feed several loaders at once.
 Errors: a failed sample is reported in ``SampleBatch.errors`` (position -> SampleError) and the
 rest of the batch is still returned; an index out of range raises SampleIndexError at once.
 """
