@@ -4,8 +4,9 @@
 2. choose heads (clustering.select_heads) and load them into the navigator;
 3. place every vector in up to ``replica_count`` lists (placement.place);
 4. trim lists over ``posting_limit`` to their nearest members, but never take a vector's last
-   copy (such a vector stays in its nearest list, which may then run a little over the limit);
-5. write the lists (each with some headroom for appends) and checkpoint.
+   copy (such a vector stays in its nearest list);
+5. write the lists (each with some headroom for appends), split the few that the rescued
+   vectors took over the limit, and checkpoint.
 
 Atomic: the index is visibly built only when the checkpoint commits; a crash before leaves the
 empty index of the last checkpoint (its posting pages are free space again on open).
@@ -64,6 +65,11 @@ async def build(
     versions = np.ones(len(ids), np.uint32)
     await _write_lists(index, rows, pid_of, ids, versions, stored, progress)
     index.versions.set(ids, versions)
+    over = np.flatnonzero(index.store.count > config.posting_limit)  # rescued orphans
+    if len(over):
+        from vectordb.rebalance import split_lists
+
+        await split_lists(index, over.tolist())
     from vectordb.checkpoint import checkpoint
 
     await checkpoint(index)

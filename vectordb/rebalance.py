@@ -67,7 +67,9 @@ async def _split(index: SpannIndex, pid: int) -> list[int]:
     index.navigator.add(heads, np.array(new_pids))
     index.counters["splits"] += 1
     own = np.where(labels == 0, new_pids[0], new_pids[1])
-    return await _reassign(index, pid, old_head, heads, np.array(new_pids), ids, vectors, own)
+    lopsided = [p for p in new_pids if index.store.count[p] > limit]  # 2-means can be uneven
+    moved = await _reassign(index, pid, old_head, heads, np.array(new_pids), ids, vectors, own)
+    return lopsided + moved
 
 
 async def _reassign(

@@ -1,0 +1,32 @@
+"""Shared pieces of the vectordb tests: clustered data, a brute-force oracle, recall."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vectordb.metric import Metric, pairwise_distances, prepare, to_scores
+
+
+def clustered(n: int, dim: int, seed: int, clusters: int = 20) -> np.ndarray:
+    """Gaussian blobs: the shape real embeddings have, at a size tests can afford."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, dim)).astype(np.float32) * 4
+    labels = rng.integers(clusters, size=n)
+    return (centres[labels] + rng.normal(size=(n, dim))).astype(np.float32)
+
+
+def brute_force(
+    metric: Metric, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (ids, scores) of the k nearest, as SpannIndex.search reports them."""
+    dist = pairwise_distances(metric, prepare(metric, queries), prepare(metric, vectors))
+    order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+    return ids[order], to_scores(metric, np.take_along_axis(dist, order, axis=1))
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    k = truth.shape[1]
+    hits = [
+        len(set(f[f >= 0].tolist()) & set(t.tolist())) for f, t in zip(found, truth, strict=True)
+    ]
+    return float(np.mean(hits)) / k

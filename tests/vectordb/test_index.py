@@ -1,0 +1,148 @@
+"""SpannIndex end to end on real files: build, search against a brute-force oracle, reopen,
+bad input, resident memory. Real io_uring (or the thread fallback) and real LMDB throughout."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.vectordb.helpers import brute_force, clustered, recall
+from vectordb import (
+    DuplicateIdError,
+    IndexConfig,
+    IndexConfigError,
+    InvalidVectorsError,
+    SearchParams,
+    SpannIndex,
+)
+from vectordb.errors import IndexClosedError
+from vectordb.metric import Metric
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "debian-minilm"
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
+def test_recall_against_brute_force(tmp_path: Path, metric: str) -> None:
+    vectors = clustered(4000, 24, seed=1)
+    queries = clustered(100, 24, seed=2)
+    ids = np.arange(4000, dtype=np.int64) * 3 + 7  # ids need not be dense
+
+    async def main() -> None:
+        config = IndexConfig(dim=24, metric=metric, posting_limit=64)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(ids, vectors)
+            found, scores = await index.search(queries, k=10, params=SearchParams(max_postings=32))
+        truth, truth_scores = brute_force(Metric(metric), ids, vectors, queries, 10)
+        assert recall(found, truth) >= 0.9
+        exact = found[:, 0] == truth[:, 0]  # where the best match agrees, so does its score
+        np.testing.assert_allclose(scores[exact, 0], truth_scores[exact, 0], rtol=1e-3, atol=1e-3)
+        assert (
+            (np.diff(scores, axis=1) >= -1e-4).all()
+            if metric == "l2"
+            else (np.diff(scores, axis=1) <= 1e-4).all()
+        )
+        assert all(len(set(row)) == len(row) for row in found.tolist())  # replicas deduplicated
+
+    asyncio.run(main())
+
+
+def test_reopen_finds_the_same_results(tmp_path: Path) -> None:
+    vectors = clustered(2000, 16, seed=3)
+    queries = clustered(50, 16, seed=4)
+
+    async def main() -> None:
+        index = await SpannIndex.create(tmp_path / "i", IndexConfig(dim=16))
+        await index.build(None, vectors)
+        before = await index.search(queries, 5)
+        stats = index.stats()
+        await index.aclose()
+        with pytest.raises(IndexClosedError):
+            await index.search(queries, 5)
+        index = await SpannIndex.open(tmp_path / "i")
+        after = await index.search(queries, 5)
+        assert index.stats()["n_vectors"] == stats["n_vectors"] == 2000
+        assert index.stats()["n_heads"] == stats["n_heads"]
+        await index.aclose()
+        np.testing.assert_array_equal(before[0], after[0])
+
+    asyncio.run(main())
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8)) as index:
+            with pytest.raises(InvalidVectorsError, match="dim"):
+                await index.build(None, np.zeros((10, 9), np.float32))
+            bad = np.ones((10, 8), np.float32)
+            bad[3, 2] = np.nan
+            with pytest.raises(InvalidVectorsError):
+                await index.build(None, bad)
+            with pytest.raises(DuplicateIdError):
+                await index.build(np.array([1, 2, 2]), np.ones((3, 8), np.float32))
+            assert index.stats()["n_vectors"] == 0
+            await index.build(None, clustered(300, 8, seed=5))
+            with pytest.raises(IndexConfigError, match="empty"):
+                await index.build(None, clustered(10, 8, seed=6))
+            with pytest.raises(DuplicateIdError):
+                await index.insert(np.array([5]), np.ones((1, 8), np.float32))
+            with pytest.raises(InvalidVectorsError):
+                await index.search(np.ones((2, 7), np.float32), 3)
+            with pytest.raises(InvalidVectorsError):
+                await index.search(np.ones((2, 8), np.float32), 0)
+            assert index.stats()["n_vectors"] == 300
+        with pytest.raises(IndexConfigError, match="already holds"):
+            await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8))
+
+    asyncio.run(main())
+
+
+def test_bad_configs() -> None:
+    with pytest.raises(IndexConfigError):
+        IndexConfig(dim=0)
+    with pytest.raises(IndexConfigError, match="metric"):
+        IndexConfig(dim=4, metric="hamming")
+    with pytest.raises(IndexConfigError):
+        IndexConfig(dim=4, dtype="float64")
+    with pytest.raises(IndexConfigError):
+        SearchParams(max_postings=0)
+    with pytest.raises(IndexConfigError, match="unknown"):
+        IndexConfig.from_dict({"dim": 4, "colour": "red"})
+
+
+def test_uint8_vectors(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    vectors = np.clip(clustered(1500, 32, seed=7) * 10 + 128, 0, 255).astype(np.uint8)
+    queries = vectors[rng.choice(1500, 40, replace=False)]
+
+    async def main() -> None:
+        config = IndexConfig(dim=32, dtype="uint8")
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            found, scores = await index.search(queries, 1, SearchParams(max_postings=16))
+        truth, _ = brute_force(Metric.L2, np.arange(1500), vectors, queries, 1)
+        assert (found[:, 0] == truth[:, 0]).mean() >= 0.95
+        assert (scores[:, 0] == 0).mean() >= 0.95  # a stored vector finds itself
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="needs ../shared/data/debian-minilm (CI has it)")
+def test_debian_minilm_recall_and_memory(tmp_path: Path) -> None:
+    vectors = np.load(DATA / "embeddings.npy")
+    queries = np.load(DATA / "queries.npy")[:200]
+    truth = np.load(DATA / "gt_ids.npy")[:200, :10]
+
+    async def main() -> None:
+        config = IndexConfig(dim=vectors.shape[1], metric="cosine")
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            found, _ = await index.search(queries, 10)  # the default setting
+            stats = index.stats()
+        assert recall(found, truth) >= 0.9
+        assert stats["resident_fraction"] <= 0.15
+        assert stats["n_heads"] < 0.15 * len(vectors)
+
+    asyncio.run(main())
