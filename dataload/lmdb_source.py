@@ -9,14 +9,16 @@ record files.
 Keys: ``index_key(i)`` (8-byte big-endian, so key order is index order) unless ``key_fn`` says
 otherwise. ``write_lmdb`` builds such an environment.
 
-Concurrency: ``read`` may run concurrently (LMDB allows many readers); the environment is opened
-read-only and lock-free.
+Concurrency: ``read`` may run concurrently (LMDB allows many readers). LMDB allows one open
+environment per path and process, so every LmdbSource (and every loader's copy) of one path
+shares a single read-only, lock-free environment, counted and closed with its last user.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,27 +52,25 @@ class LmdbSource(Source):
         self.path = self.name = os.fspath(path)
         if not os.path.exists(self.path):
             raise SourceError(self.name, "no such LMDB environment")
-        self._env: Any = self._open_env()
-        self._key_fn = key_fn
-        self._count = self._env.stat()["entries"] if count is None else count
-
-    def _open_env(self) -> Any:
+        env = _acquire_env(self.path)
         try:
-            return lmdb.open(self.path, readonly=True, lock=False, readahead=False)
-        except lmdb.Error as exc:
-            raise SourceError(self.name, f"cannot open LMDB environment: {exc}") from exc
+            self._count = env.stat()["entries"] if count is None else count
+        finally:
+            _release_env(self.path)
+        self._env: Any = None
+        self._key_fn = key_fn
 
     def __len__(self) -> int:
         return self._count
 
     async def open(self, engine: IOEngine) -> None:
         del engine  # LMDB reads through its own memory map
-        self._env = self._open_env()  # each loader (a copy of this source) has its own
+        self._env = _acquire_env(self.path)
 
     async def close(self) -> None:
         if self._env is not None:
-            self._env.close()
             self._env = None
+            _release_env(self.path)
 
     async def read(self, indices: np.ndarray, slabs: SlabPool) -> SampleBatch:
         indices = self.check_indices(indices)
@@ -95,6 +95,32 @@ class LmdbSource(Source):
         keys = [self._key_fn(i) for i in indices.tolist()]
         with self._env.begin(buffers=False) as txn:
             return [txn.get(key) for key in keys]
+
+
+_ENVS: dict[str, list[Any]] = {}  # path -> [environment, users]
+_ENVS_LOCK = threading.Lock()
+
+
+def _acquire_env(path: str) -> Any:
+    with _ENVS_LOCK:
+        entry = _ENVS.get(path)
+        if entry is None:
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False)
+            except lmdb.Error as exc:
+                raise SourceError(path, f"cannot open LMDB environment: {exc}") from exc
+            entry = _ENVS[path] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(path: str) -> None:
+    with _ENVS_LOCK:
+        entry = _ENVS[path]
+        entry[1] -= 1
+        if not entry[1]:
+            entry[0].close()
+            del _ENVS[path]
 
 
 def write_lmdb(
