@@ -55,9 +55,12 @@ def print_report(runs: list[Run], notes: list[str], quick: bool, elapsed_s: floa
                 f"{median([r.load1 for r in mine]):.1f} |"
             )
     print("\nratios (median of per-round ratios, min-max):")
-    for workload, mine in HEADLINE_LOADER.items():
-        peers = sorted({r.loader for r in runs if r.workload == workload} - {mine})
+    for workload in HEADLINE_LOADER:
+        peers = sorted(
+            {r.loader for r in runs if r.workload == workload and "tierkit" not in r.loader}
+        )
         for peer in peers:
+            mine = _mine(workload, peer) if "nw" in peer else HEADLINE_LOADER[workload]
             values = round_ratios(runs, workload, mine, peer)
             if values:
                 print(f"  {workload}: {mine} / {peer} = {spread(values, '.2f')}")
@@ -69,9 +72,22 @@ def print_report(runs: list[Run], notes: list[str], quick: bool, elapsed_s: floa
 
 
 def torch_ratios(runs: list[Run], workload: str) -> dict[str, float]:
-    mine = HEADLINE_LOADER[workload]
+    """tierkit / DataLoader per worker count (records: one tierkit config against every count;
+    decoded workloads: tierkit with N decode threads against N DataLoader workers)."""
     peers = sorted({r.loader for r in runs if r.workload == workload and "torch_nw" in r.loader})
-    return {p: median(round_ratios(runs, workload, mine, p)) for p in peers}
+    out = {}
+    for peer in peers:
+        mine = _mine(workload, peer)
+        values = round_ratios(runs, workload, mine, peer)
+        if values:
+            out[peer] = median(values)
+    return out
+
+
+def _mine(workload: str, peer: str) -> str:
+    if workload == "records_32k":
+        return HEADLINE_LOADER[workload]
+    return "tierkit_w" + peer.rsplit("nw", 1)[1]
 
 
 def target_lines(runs: list[Run]) -> list[str]:
@@ -84,9 +100,9 @@ def target_lines(runs: list[Run]) -> list[str]:
     if fio == fio:
         lines.append(f"records_32k vs fio: {fio:.2f}x (>= 0.85x) " + _pass(fio >= TARGET_VS_FIO))
     for workload in HEADLINE_LOADER:
-        mine = cpu_of(runs, workload, HEADLINE_LOADER[workload])
         for peer in sorted({r.loader for r in runs if r.workload == workload}):
             if "torch_nw" in peer:
+                mine = cpu_of(runs, workload, _mine(workload, peer))
                 theirs = cpu_of(runs, workload, peer)
                 ok = mine <= theirs * TARGET_CPU_FRACTION
                 lines.append(
@@ -117,6 +133,7 @@ def headline(runs: list[Run], notes: list[str]) -> dict[str, Any]:
         ratios = torch_ratios(runs, workload)
         if ratios:
             out[f"vs_torch_dataloader_{workload}"] = min(ratios.values())
-            out[f"cpu_us_per_sample_{workload}"] = cpu_of(runs, workload, "tierkit")
+            out[f"cpu_us_per_sample_{workload}_w2"] = cpu_of(runs, workload, "tierkit_w2")
+            out[f"torch_cpu_us_per_sample_{workload}_nw2"] = cpu_of(runs, workload, "torch_nw2")
     out["notes"] = notes
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}

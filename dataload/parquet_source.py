@@ -109,27 +109,27 @@ class ParquetSource(Source):
     def _gather(
         self, indices: np.ndarray, groups: np.ndarray, ok: list[int], tables: dict[int, pa.Table]
     ) -> dict[str, object]:
-        """Columns in sampler order; rows of failed groups are filled with None / zero."""
-        if not ok:
-            return {name: [None] * len(indices) for name in self.columns}
-        combined = pa.concat_tables([tables[g] for g in ok])
-        base = dict(zip(ok, np.cumsum([0] + [tables[g].num_rows for g in ok[:-1]]), strict=True))
-        rows = np.array(
-            [
-                base.get(g, 0) + i - self._first_rows[g] if g in base else 0
-                for g, i in zip(groups.tolist(), indices.tolist(), strict=True)
-            ],
-            np.int64,
-        )
-        picked = combined.take(pa.array(rows))
-        out: dict[str, object] = {}
-        for name in self.columns:
-            column = picked.column(name)
-            numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-            if numeric and column.null_count == 0:
-                out[name] = np.array(column.to_numpy(), copy=True)  # writable, for torch
-            else:
-                out[name] = column.to_pylist()
+        """Columns in sampler order, taken group by group (a take over many chunks would
+        concatenate them); rows of failed groups are None (or 0 in numeric columns)."""
+        n = len(indices)
+        out: dict[str, object] = {name: [None] * n for name in self.columns}
+        for g in ok:
+            positions = np.flatnonzero(groups == g)
+            picked = tables[g].take(pa.array(indices[positions] - self._first_rows[g]))
+            for name in self.columns:
+                column = picked.column(name)
+                numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                if numeric and column.null_count == 0:
+                    target = out[name]
+                    if isinstance(target, list):
+                        target = out[name] = np.zeros(n, column.type.to_pandas_dtype())
+                    target[positions] = column.to_numpy()
+                else:
+                    target = out[name]
+                    if isinstance(target, np.ndarray):
+                        target = out[name] = target.tolist()
+                    for position, value in zip(positions.tolist(), column.to_pylist(), strict=True):
+                        target[position] = value
         return out
 
     async def _groups(
