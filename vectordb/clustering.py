@@ -23,6 +23,7 @@ BRANCHING = 32
 _SAMPLE_PER_CENTROID = 64
 _KMEANS_ITERATIONS = 12
 _LEAF_LIMIT_OVER_MEAN = 1.9
+_TWO_MEANS_ITERATIONS = 8
 
 
 def select_heads(
@@ -61,11 +62,29 @@ def select_heads(
 
 
 def two_means(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Labels (0/1) splitting ``vectors`` in two, each side non-empty when n >= 2."""
+    """Labels (0/1) splitting ``vectors`` in two, each side non-empty when n >= 2.
+
+    Plain numpy Lloyd iterations from a far-apart pair: a split is small (a list of ~100
+    vectors) and faiss's per-call set-up would cost more than the clustering.
+    """
     n = len(vectors)
-    labels = _kmeans_labels(vectors, 2, np.random.default_rng(seed)) if n >= 2 else np.zeros(n)
-    labels = labels.astype(np.int64)
-    if n >= 2 and (labels.min() == labels.max()):
+    if n < 2:
+        return np.zeros(n, np.int64)
+    x = np.asarray(vectors, np.float32)
+    rng = np.random.default_rng(seed)
+    first = x[rng.integers(n)]
+    a = x[np.argmax(((x - first) ** 2).sum(axis=1))]
+    b = x[np.argmax(((x - a) ** 2).sum(axis=1))]
+    labels = np.zeros(n, np.int64)
+    for _ in range(_TWO_MEANS_ITERATIONS):
+        new = (((x - b) ** 2).sum(axis=1) < ((x - a) ** 2).sum(axis=1)).astype(np.int64)
+        if new.min() == new.max():
+            break
+        if (new == labels).all():
+            break
+        labels = new
+        a, b = x[labels == 0].mean(axis=0), x[labels == 1].mean(axis=0)
+    if labels.min() == labels.max():  # all identical: cut by position
         labels = (np.arange(n) >= n // 2).astype(np.int64)
     return labels
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tiers.engine import FileHandle, IOEngine
-from tiers.errors import FileMissingError
+from tiers.errors import EngineClosedError, FileMissingError
 from tiers.factory import create_engine
 from tiers.tier_directory import lock_directory, unlock_directory
 from vectordb.config import IndexConfig, SearchParams
@@ -151,6 +151,8 @@ class SpannIndex:
         try:
             if not self.engine.closed:
                 await checkpoint(self)
+        except EngineClosedError:
+            pass  # the engine died under us (a power cut): the log still holds every update
         finally:
             await self._release()
 

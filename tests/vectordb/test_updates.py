@@ -28,7 +28,7 @@ async def assert_matches_model(index: SpannIndex, model: dict[int, np.ndarray], 
         return
     ids = np.array(sorted(model), np.int64)
     vectors = np.stack([model[i] for i in ids.tolist()])
-    truth, truth_scores = brute_force(Metric.L2, ids, vectors, queries, 5)
+    _truth, truth_scores = brute_force(Metric.L2, ids, vectors, queries, 5)
     width = min(5, len(ids))
     assert set(found[:, :width].ravel().tolist()) <= set(model)  # nothing deleted comes back
     np.testing.assert_allclose(scores[:, :width], truth_scores[:, :width], rtol=1e-4, atol=1e-3)
