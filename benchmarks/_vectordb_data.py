@@ -1,0 +1,172 @@
+"""The benchmark's datasets: base vectors, queries, exact top-k ground truth, metric.
+
+* ``debian-minilm``: ../shared/data/debian-minilm (62,440 x 384, L2-normalised; its own exact
+  top-100 by inner product). Metric cosine for our index, inner product for faiss.
+* ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` (installed with apt when missing): 60k
+  train images as base, the 10k test images as queries, 784-d float32 pixels, L2. Ground truth
+  computed exactly with faiss ``knn`` (brute force).
+* ``gmm-<n>``: ``n`` vectors drawn from a Gaussian mixture fitted to debian-minilm (faiss k-means
+  with 256 components; per component the member mean and per-dimension std; weights = sizes),
+  then L2-normalised; 1,000 queries from the same mixture with another seed. Exact ground truth
+  by brute force in base chunks.
+
+Everything derived is cached as .npy under benchmarks/out/vectordb/data/ (memory-mapped when
+read back, so the 2M set does not have to fit next to the indexes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+from _vectordb_common import log
+
+MINILM_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "debian-minilm"
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+GT_K = 100
+_GMM_COMPONENTS = 256
+_CHUNK = 200_000
+
+
+@dataclass
+class Dataset:
+    name: str
+    base: np.ndarray  # float32 [n, d], possibly memory-mapped
+    queries: np.ndarray  # float32 [q, d]
+    gt: np.ndarray  # int64 [q, >= 10], exact nearest first
+    metric: str  # "cosine" or "l2" (our IndexConfig name)
+
+    @property
+    def faiss_metric(self) -> int:
+        return faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+
+    @property
+    def raw_bytes(self) -> int:
+        return self.base.shape[0] * self.base.shape[1] * 4
+
+
+def exact_knn(base: np.ndarray, queries: np.ndarray, k: int, metric: int) -> np.ndarray:
+    """Exact top-k ids by brute force, in base chunks merged by score (faiss.knn per chunk)."""
+    best_d = np.full((len(queries), 0), 0.0, np.float32)
+    best_i = np.full((len(queries), 0), -1, np.int64)
+    for start in range(0, len(base), _CHUNK):
+        chunk = np.ascontiguousarray(base[start : start + _CHUNK], dtype=np.float32)
+        dist, ids = faiss.knn(queries, chunk, min(k, len(chunk)), metric=metric)
+        best_d = np.concatenate([best_d, dist], axis=1)
+        best_i = np.concatenate([best_i, ids + start], axis=1)
+        # IP: larger is nearer; sort descending by negating
+        key = -best_d if metric == faiss.METRIC_INNER_PRODUCT else best_d
+        order = np.argsort(key, axis=1, kind="stable")[:, :k]
+        best_d = np.take_along_axis(best_d, order, axis=1)
+        best_i = np.take_along_axis(best_i, order, axis=1)
+    return best_i
+
+
+def load(name: str, data_dir: Path) -> Dataset | None:
+    """The named dataset, or None (with a message) when its source is not on this machine."""
+    if name == "debian-minilm":
+        return _minilm()
+    if name == "fashion-mnist":
+        return _fmnist(data_dir)
+    if name.startswith("gmm-"):
+        return _gmm(int(name.removeprefix("gmm-")), data_dir)
+    raise ValueError(f"unknown dataset {name!r}")
+
+
+def _minilm() -> Dataset | None:
+    if not (MINILM_DIR / "embeddings.npy").exists():
+        log(f"debian-minilm: {MINILM_DIR} is absent (no ../shared checkout); skipped")
+        return None
+    return Dataset(
+        "debian-minilm",
+        np.load(MINILM_DIR / "embeddings.npy", mmap_mode="r"),
+        np.load(MINILM_DIR / "queries.npy"),
+        np.load(MINILM_DIR / "gt_ids.npy"),
+        "cosine",
+    )
+
+
+def _idx_images(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") as stream:
+        raw = stream.read()
+    count, rows, cols = (int.from_bytes(raw[i : i + 4], "big") for i in (4, 8, 12))
+    pixels = np.frombuffer(raw, np.uint8, count * rows * cols, offset=16)
+    return pixels.reshape(count, rows * cols).astype(np.float32)
+
+
+def _fmnist(data_dir: Path) -> Dataset | None:
+    if not (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists():
+        log("fashion-mnist: apt-get install -y dataset-fashion-mnist")
+        cmd = "apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist"
+        done = subprocess.run(cmd, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode:
+            log(f"fashion-mnist: install failed ({done.stderr.decode()[-300:]}); skipped")
+            return None
+    base = _idx_images(FMNIST_DIR / "train-images-idx3-ubyte.gz")
+    queries = _idx_images(FMNIST_DIR / "t10k-images-idx3-ubyte.gz")
+    l2 = faiss.METRIC_L2
+    gt = _cached(data_dir / "fashion-mnist_gt.npy", lambda: exact_knn(base, queries, GT_K, l2))
+    return Dataset("fashion-mnist", base, queries, gt, "l2")
+
+
+def _cached(path: Path, make) -> np.ndarray:  # type: ignore[no-untyped-def]
+    if path.exists():
+        return np.load(path, mmap_mode="r")
+    log(f"computing {path.name} ...")
+    array = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path.with_suffix(".partial.npy"), array)
+    path.with_suffix(".partial.npy").rename(path)  # a killed run never leaves half a file
+    return np.load(path, mmap_mode="r")
+
+
+def _fit_mixture(real: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    kmeans = faiss.Kmeans(real.shape[1], _GMM_COMPONENTS, niter=20, seed=1, verbose=False)
+    kmeans.train(real)
+    _, labels = kmeans.index.search(real, 1)
+    labels = labels[:, 0]
+    counts = np.bincount(labels, minlength=_GMM_COMPONENTS).astype(np.float64)
+    means = np.zeros((_GMM_COMPONENTS, real.shape[1]), np.float32)
+    stds = np.zeros_like(means)
+    for c in np.flatnonzero(counts):
+        members = real[labels == c]
+        means[c], stds[c] = members.mean(axis=0), members.std(axis=0)
+    return means, stds, counts / counts.sum()
+
+
+def _sample(mixture: tuple, n: int, seed: int) -> np.ndarray:  # type: ignore[type-arg]
+    means, stds, weights = mixture
+    rng = np.random.default_rng(seed)
+    comp = rng.choice(len(weights), size=n, p=weights)
+    out = means[comp] + stds[comp] * rng.standard_normal((n, means.shape[1]), np.float32)
+    out /= np.linalg.norm(out, axis=1, keepdims=True)
+    return out.astype(np.float32)
+
+
+def _gmm(n: int, data_dir: Path) -> Dataset | None:
+    minilm = _minilm()
+    if minilm is None:
+        return None
+    base_path = data_dir / f"gmm-{n}_base.npy"
+    if not base_path.exists():
+        log(f"gmm-{n}: fitting a {_GMM_COMPONENTS}-component mixture, sampling {n:,} vectors")
+        mixture = _fit_mixture(np.ascontiguousarray(minilm.base))
+        partial = data_dir / f"gmm-{n}_base.partial.npy"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        array = np.lib.format.open_memmap(partial, "w+", np.float32, (n, minilm.base.shape[1]))
+        for i, start in enumerate(range(0, n, _CHUNK)):  # chunked: 2M x 384 is 3 GiB
+            array[start : start + _CHUNK] = _sample(mixture, min(_CHUNK, n - start), 100 + i)
+        array.flush()
+        del array
+        np.save(data_dir / f"gmm-{n}_queries.npy", _sample(mixture, 1000, 99))
+        shutil.move(partial, base_path)
+    base = np.load(base_path, mmap_mode="r")
+    queries = np.load(data_dir / f"gmm-{n}_queries.npy")
+    ip = faiss.METRIC_INNER_PRODUCT
+    gt = _cached(data_dir / f"gmm-{n}_gt.npy", lambda: exact_knn(base, queries, GT_K, ip))
+    return Dataset(f"gmm-{n}", base, queries, gt, "cosine")

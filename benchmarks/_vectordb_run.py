@@ -1,0 +1,210 @@
+"""The vectordb benchmark's driver: plans, the per-dataset rounds, the report and the JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _vectordb_common import Point, log, recall_at, stdout_to_stderr
+from _vectordb_data import Dataset, load
+from _vectordb_ours import code_hash
+from _vectordb_report import curve_table, plot, summary, summary_table, update_table, verdicts
+
+HERE = Path(__file__).resolve().parent
+K = 10
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    sweeps: dict[str, list[int]]
+    datasets: list[str]
+    update_steps: int
+
+
+QUICK = Plan(
+    rounds=2,
+    sweeps={
+        "ours": [4, 8, 16, 48, 96],
+        "faiss_ondisk": [2, 4, 8, 16, 32],
+        "faiss_ivf": [2, 4, 8, 16, 32],
+        "faiss_hnsw": [16, 32, 64, 128],
+        "diskann": [16, 32, 64, 128],
+    },
+    datasets=["debian-minilm"],
+    update_steps=4,
+)
+FULL = Plan(
+    rounds=3,
+    sweeps={
+        "ours": [2, 4, 8, 16, 32, 48, 64, 96, 128],
+        "faiss_ondisk": [1, 2, 4, 8, 16, 32, 64, 128],
+        "faiss_ivf": [1, 2, 4, 8, 16, 32, 64, 128],
+        "faiss_hnsw": [10, 16, 32, 64, 128, 256],
+        "diskann": [10, 16, 32, 48, 64, 96, 128, 200],
+    },
+    datasets=["debian-minilm", "fashion-mnist", "gmm-2000000"],
+    update_steps=10,
+)
+
+
+def _systems(
+    runner: asyncio.Runner, ds: Dataset, out: Path, quick: bool, skip: set[str], notes: list[str]
+) -> tuple[list[Any], dict[str, float]]:
+    from _vectordb_faiss import MemorySystem, OnDiskIvf
+    from _vectordb_ours import OursSystem
+
+    cache = out / "vectordb"
+    ours = OursSystem(runner, ds, cache / "spann")
+    systems: list[Any] = [ours]
+    with stdout_to_stderr():  # faiss prints "resizing ..." from C++
+        systems.append(OnDiskIvf(ds, cache / "faiss"))
+        systems += [MemorySystem(kind, ds, cache / "faiss") for kind in ("ivf", "hnsw")]
+    if "diskann" not in skip:
+        from _vectordb_diskann import DiskAnnSystem, Unavailable
+
+        try:
+            big = len(ds.base) > 200_000  # ~100 s per 20k vectors: hours at 2M
+            if big:
+                raise Unavailable(f"not built for {len(ds.base):,} vectors (hours here)")
+            data_dir = cache / "data"
+            systems.append(DiskAnnSystem(ds, out, data_dir, ours.resident_bytes, not quick))
+        except Unavailable as why:
+            notes.append(f"{ds.name}: DiskANN skipped: {why}")
+            log(notes[-1])
+    builds = {s.name: s.build_s for s in systems}
+    return systems, builds
+
+
+def run_dataset(
+    runner: asyncio.Runner, ds: Dataset, plan: Plan, out: Path, quick: bool, skip: set[str],
+    notes: list[str],
+) -> tuple[list[Point], dict[str, float], dict[str, Any]]:  # fmt: skip
+    from vectordb import SearchParams
+
+    systems, builds = _systems(runner, ds, out, quick, skip, notes)
+    sweeps = dict(plan.sweeps)  # the default setting is always measured (the headline uses it)
+    sweeps["ours"] = sorted({*sweeps["ours"], SearchParams().max_postings})
+    points: dict[tuple[str, int], Point] = {}
+    extra = {"ours_stats": systems[0].stats}
+    try:
+        for r in range(plan.rounds):
+            # every system and setting once per round, back to back, so load bursts hit all
+            for system in systems:
+                for value in sweeps[system.name]:
+                    ids, wall_s, io = system.run(value, ds.queries, K)
+                    key = (system.name, value)
+                    if key not in points:
+                        points[key] = Point(system.name, system.knob, value,
+                                            system.resident_bytes, len(ds.queries))  # fmt: skip
+                    recall = recall_at(ids, ds.gt, K)
+                    points[key].add_round(wall_s, recall, io)
+                    log(
+                        f"[{ds.name} round {r + 1}/{plan.rounds}] {system.name} "
+                        f"{system.knob}={value}: recall {recall:.4f}, "
+                        f"{len(ds.queries) / wall_s:,.0f} QPS, load1 {os.getloadavg()[0]:.1f}"
+                    )
+    finally:
+        for system in systems:
+            system.close()
+    extra["diskann_rss_growth"] = next(
+        (s.rss_growth_bytes for s in systems if s.name == "diskann"), None
+    )
+    return list(points.values()), builds, extra
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="SPANN index vs faiss and DiskANN (issue 4)")
+    parser.add_argument("--quick", action="store_true", help="debian-minilm only, ~1-2 min")
+    parser.add_argument("--datasets", help="comma-separated, e.g. debian-minilm,gmm-500000")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--skip", default="", help="comma-separated: diskann, update")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    return parser.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    plan = QUICK if args.quick else FULL
+    datasets = args.datasets.split(",") if args.datasets else plan.datasets
+    rounds = args.rounds or plan.rounds
+    plan = Plan(rounds, plan.sweeps, datasets, plan.update_steps)
+    skip = set(filter(None, args.skip.split(",")))
+    started = time.time()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    print(f"## vectordb benchmark ({'quick' if args.quick else 'full'}, {rounds} rounds)\n")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    machine = f"{platform.system()} {platform.release()}, nproc={os.cpu_count()}"
+    print(f"{machine}, git {head.stdout.strip()}, vectordb code {code_hash()}, {when}\n")
+    notes: list[str] = []
+    headline: dict[str, Any] = {}
+    upd = None
+    with asyncio.Runner() as runner:
+        for name in datasets:
+            ds = load(name, args.out / "vectordb" / "data")
+            if ds is None:
+                notes.append(f"{name}: data absent, skipped")
+                continue
+            log(f"=== {name}: {ds.base.shape[0]:,} x {ds.base.shape[1]}, {len(ds.queries)} queries")
+            points, builds, extra = run_dataset(runner, ds, plan, args.out, args.quick, skip, notes)
+            print(curve_table(name, ds.raw_bytes, points) + "\n")
+            print(summary_table(name, points, builds) + "\n")
+            png = args.out / f"vectordb_spann_{name}.png"
+            plot(name, points, png)
+            if name == "debian-minilm":
+                shutil.copyfile(png, HERE / "vectordb_spann.png")
+                headline = _headline(points, extra)
+                if "update" not in skip:
+                    from _vectordb_update import update_phase
+
+                    upd = update_phase(runner, ds, args.out / "vectordb" / "spann",
+                                       plan.update_steps)  # fmt: skip
+                    print(update_table(upd) + "\n")
+                    headline["insert_vectors_per_s"] = round(upd.insert_rate, 1)
+                    headline["recall_after_updates"] = round(upd.final_recall, 4)
+                    headline["min_recall_during_updates"] = round(upd.min_recall, 4)
+                print("\n".join(verdicts(summary(points), headline["resident_fraction"], upd)))
+                print()
+    for note in notes:
+        print(f"* {note}")
+    headline["notes"] = notes
+    headline["elapsed_s"] = round(time.time() - started, 1)
+    print(json.dumps(headline))
+
+
+def _headline(points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:
+    """The JSON fields the issue asks for: ours at the default setting, and the ratios."""
+    from vectordb import SearchParams
+
+    at = summary(points)
+    default = SearchParams().max_postings
+    ours = next(p for p in points if p.system == "ours" and p.value == default)
+    stats = extra["ours_stats"]
+
+    def ratio(peer: str) -> float | None:
+        return round(at["ours"] / at[peer], 3) if at.get("ours") and at.get(peer) else None
+
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 1)
+
+    return {
+        "dataset": "debian-minilm",
+        "default_max_postings": default,
+        "recall_at_10": round(ours.recall, 4),
+        "qps": round(ours.qps, 1),
+        "qps_vs_faiss_ondisk": ratio("faiss_ondisk"),
+        "qps_vs_diskann": ratio("diskann"),
+        "resident_fraction": round(stats["resident_fraction"], 4),
+        "pages_per_query": round(ours.io["pages_alone"], 1),
+        "pages_per_query_batched": round(ours.io["pages"], 1),
+        "qps_at_recall_0_9": {s: rounded(v) for s, v in at.items()},
+    }

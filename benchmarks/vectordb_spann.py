@@ -1,0 +1,63 @@
+"""Benchmark the disk-resident SPANN index (vectordb, issue 4) against faiss and DiskANN.
+
+For each dataset (debian-minilm; fashion-mnist; a 2M-vector Gaussian mixture fitted to
+debian-minilm -- see _vectordb_data.py) and each system, a sweep of the system's recall knob:
+
+* ``ours``: ``vectordb.SpannIndex``, knob ``SearchParams.max_postings``; page cache dropped
+  (``posix_fadvise(DONTNEED)`` on ``index.data_files()``) before every timed search;
+* ``faiss_ondisk``: IVF-Flat with ``OnDiskInvertedLists`` (knob nprobe), closed, fadvised and
+  reopened before every timed search (cold cache; see _vectordb_faiss.py);
+* ``faiss_ivf`` / ``faiss_hnsw``: IVF-Flat (nprobe) and HNSWFlat M=32 (efSearch) in RAM;
+* ``diskann``: diskannpy 0.7.0's disk index in its own venv (knob L, beam width 4), its PQ codes
+  + node cache sized to our index's resident bytes (equal memory; _vectordb_diskann.py).
+
+Per setting: recall@10 (|returned ∩ exact top-10| / 10), QPS (the whole query batch in one call,
+2 threads, median single-batch wall time over rounds, min-max shown), resident bytes, and bytes /
+4 KiB pages read per query (ours: the index's counters; faiss OnDisk: computed from the probed
+lists' sizes; in-RAM systems: 0; DiskANN: n/a). Rounds run every system and setting back to back.
+Headline: QPS at recall@10 >= 0.90 (log-QPS interpolated along each curve), ours / faiss OnDisk
+and ours / DiskANN. Then the update phase on debian-minilm (_vectordb_update.py): insert the
+held-out 10%, delete 10%, recall@10 against the exact live top-10 after every step.
+
+Tables and PASS/MISS verdicts go to stdout, the last line being one JSON object; progress to
+stderr. Plots: benchmarks/out/vectordb_spann_<dataset>.png (debian-minilm's is copied to
+benchmarks/vectordb_spann.png). Datasets, ground truth and all builds are cached under
+benchmarks/out/vectordb/ (a rerun reuses them; ours rebuilds when vectordb/*.py changes).
+
+Quick check (debian-minilm only, 2 rounds, DiskANN only if a cached build exists; about 2
+minutes here with cached builds, plus ~1 minute of builds the first time)::
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py --quick
+
+Full mode (3 datasets, 3 rounds; DiskANN built on the small sets, ~10 min each the first time;
+the 2M set takes long the first time: generation, ground truth and every build)::
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py
+
+``--datasets debian-minilm,gmm-500000`` picks datasets, ``--skip diskann,update`` drops parts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+
+
+def _package_first() -> None:
+    """Put the repository root first on ``sys.path``: benchmarks/tiers.py is named like the
+    ``tiers`` package (which vectordb imports), and a script's own directory leads sys.path."""
+    sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    _package_first()
+    from _vectordb_run import run
+
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()
