@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tierkit.store_demo import run_store_demo
+from tierkit.vectordb_demo import run_vectordb_demo
 from tiers import IOEngine, aligned_empty, create_engine
 
 __all__ = ["DemoOptions", "run_demo"]
@@ -114,6 +115,7 @@ async def run_demo(options: DemoOptions) -> dict[str, Any]:
         print(f"engine counters: {stats}")
         await engine.aclose()
         store = await run_store_demo(options.directory)
+        vectors = await run_vectordb_demo(options.directory)
     finally:
         await engine.aclose()
         if not options.keep:
@@ -124,4 +126,5 @@ async def run_demo(options: DemoOptions) -> dict[str, Any]:
         "read_iops_4k_qd32": round(reads["iops"]),
         "cpu_us_per_io_4k": round(reads["cpu_us_per_io"], 2),
         **store,
+        **vectors,
     }

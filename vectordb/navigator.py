@@ -3,9 +3,9 @@
 An exact scan in numpy (one BLAS matrix product per query chunk: 3x faster than faiss's flat
 index on this machine) while there are few heads; faiss HNSW (M=32) above ``HNSW_ABOVE``
 heads. Heads are added when a posting list splits and removed when one splits or merges away;
-HNSW cannot drop entries cheaply, so a removed head is only marked dead (the flat scan scores it
-+inf, HNSW searches ask for a few more results and skip it) and the structure is rebuilt once a
-tenth of it is dead.
+the flat scan fills the hole with its last head; HNSW cannot drop entries cheaply, so there a
+removed head is only marked dead (searches ask for a few more results and skip it) and the
+graph is rebuilt once a tenth of it is dead.
 
 Distances are the index's internal ones (metric.py): smaller is nearer.
 Concurrency: loop thread only; faiss calls release the GIL and use its own OpenMP threads.
@@ -34,12 +34,13 @@ class Navigator:
         self._flat_norms = np.zeros(0, np.float32)
         self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)  # faiss position -> pid, -1 once removed
-        self._pid_pos: dict[int, int] = {}
+        self._pid_pos = np.zeros(0, np.int64)  # pid -> position, -1 when not a head
+        self._n_heads = 0
         self._dead = 0
 
     @property
     def n_heads(self) -> int:
-        return len(self._pid_pos)
+        return self._n_heads
 
     def _new_index(self, expected: int) -> faiss.Index | None:
         """An HNSW index, or None for the numpy flat scan."""
@@ -57,7 +58,8 @@ class Navigator:
     def _add_flat(self, vectors: np.ndarray) -> None:
         n = len(vectors)
         if self._n_flat + n > len(self._flat):
-            grown = np.zeros((max(2 * len(self._flat), self._n_flat + n, 64), self.dim), np.float32)
+            rows = max(len(self._flat) + len(self._flat) // 16, self._n_flat + n, 64)
+            grown = np.zeros((rows, self.dim), np.float32)  # grows slowly: memory is the budget
             grown[: self._n_flat] = self._flat[: self._n_flat]
             norms = np.zeros(len(grown), np.float32)
             norms[: self._n_flat] = self._flat_norms[: self._n_flat]
@@ -75,8 +77,6 @@ class Navigator:
             dist += np.einsum("ij,ij->i", queries, queries)[:, None]
         else:
             np.negative(dist, out=dist)
-        if self._dead:
-            dist[:, self._pos_pid < 0] = np.inf
         if want < dist.shape[1]:
             pos = np.argpartition(dist, want - 1, axis=1)[:, :want]
         else:
@@ -97,19 +97,41 @@ class Navigator:
         else:
             self._index.add(vectors)
         self._pos_pid = np.concatenate([self._pos_pid, np.asarray(pids, np.int64)])
-        for offset, pid in enumerate(np.asarray(pids).tolist()):
-            self._pid_pos[pid] = start + offset
+        pids = np.asarray(pids, np.int64)
+        if pids.max() >= len(self._pid_pos):
+            grown = np.full(max(int(pids.max()) + 1, len(self._pid_pos) * 9 // 8), -1, np.int64)
+            grown[: len(self._pid_pos)] = self._pid_pos
+            self._pid_pos = grown
+        self._pid_pos[pids] = start + np.arange(len(pids))
+        self._n_heads += len(pids)
 
     def remove(self, pids: list[int]) -> None:
         for pid in pids:
-            pos = self._pid_pos.pop(pid)
+            pos = int(self._pid_pos[pid])
+            self._pid_pos[pid] = -1
+            self._n_heads -= 1
+            if self._index is None:
+                self._swap_out(pos)
+                continue
             self._pos_pid[pos] = -1
             self._dead += 1
         if self._dead > max(64, self._ntotal // 10):
             self._rebuild()
 
+    def _swap_out(self, pos: int) -> None:
+        """Flat mode: move the last head into ``pos``, so the scan never sees a dead one."""
+        last = self._n_flat - 1
+        if pos != last:
+            self._flat[pos] = self._flat[last]
+            self._flat_norms[pos] = self._flat_norms[last]
+            moved = int(self._pos_pid[last])
+            self._pos_pid[pos] = moved
+            self._pid_pos[moved] = pos
+        self._pos_pid = self._pos_pid[:last]
+        self._n_flat = last
+
     def vectors_of(self, pids: np.ndarray) -> np.ndarray:
-        positions = np.array([self._pid_pos[int(p)] for p in np.asarray(pids).tolist()], np.int64)
+        positions = self._pid_pos[np.asarray(pids, np.int64)]
         if len(positions) == 0:
             return np.zeros((0, self.dim), np.float32)
         if self._index is None:
@@ -121,11 +143,11 @@ class Navigator:
         n_queries = len(queries)
         out_pids = np.full((n_queries, k), -1, np.int64)
         out_dist = np.full((n_queries, k), np.inf, np.float32)
-        if not self._pid_pos or n_queries == 0:
+        if not self._n_heads or n_queries == 0:
             return out_pids, out_dist
         queries = np.ascontiguousarray(queries, np.float32)
         if self._index is None:
-            want = min(self._ntotal, k)  # dead heads score +inf: never ahead of a live one
+            want = min(self._ntotal, k)
             dist, pos = self._search_flat(queries, want)
         else:
             want = min(self._ntotal, k + self._dead)
@@ -145,7 +167,7 @@ class Navigator:
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """(pids, vectors) of every live head."""
-        pids = np.fromiter(self._pid_pos.keys(), np.int64, len(self._pid_pos))
+        pids = np.flatnonzero(self._pid_pos >= 0)
         return pids, self.vectors_of(pids)
 
     def _rebuild(self) -> None:
@@ -153,12 +175,13 @@ class Navigator:
         self._index = self._new_index(len(pids))
         self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)
-        self._pid_pos = {}
+        self._pid_pos = np.zeros(0, np.int64)
+        self._n_heads = 0
         self._dead = 0
         self.add(vectors, pids)
 
     def resident_bytes(self) -> int:
-        bookkeeping = self._pos_pid.nbytes + len(self._pid_pos) * 100
+        bookkeeping = self._pos_pid.nbytes + self._pid_pos.nbytes
         if self._index is None:
             return self._flat.nbytes + self._flat_norms.nbytes + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4

@@ -97,9 +97,14 @@ async def _reassign(
         valid = index.versions.valid(rec["id"], rec["version"])
         home = np.repeat(neighbours, np.diff(batch.starts))
         vec = np.asarray(rec["vector"], np.float32)
-        to_new = pairwise_distances(metric, vec, heads)
+        to_new = pairwise_distances(metric, vec, heads).min(axis=1)
         to_old = pairwise_distances(metric, vec, old_head)[:, 0]
-        moved = valid & (to_new.min(axis=1) <= to_old)
+        home_heads = index.navigator.vectors_of(neighbours)[np.repeat(
+            np.arange(len(neighbours)), np.diff(batch.starts))]  # fmt: skip
+        to_home = _rowwise(metric, vec, home_heads)
+        # SPFresh's condition (a new head nearer than the old one), narrowed to vectors that
+        # a new head is nearer to than their own list's head: others keep their list
+        moved = valid & (to_new <= to_old) & (to_new < to_home)
         cand_ids.append(rec["id"][moved])
         cand_vectors.append(vec[moved])
         cand_home.append(home[moved])
@@ -155,6 +160,14 @@ async def _merge(index: SpannIndex, pid: int) -> None:
     index.store.drop(pid)
     index.navigator.remove([pid])
     index.counters["merges"] += 1
+
+
+def _rowwise(metric: Metric, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance of a[i] to b[i] in the internal metric."""
+    if metric is Metric.L2:
+        diff = a - b
+        return np.einsum("ij,ij->i", diff, diff)
+    return -np.einsum("ij,ij->i", a, b)
 
 
 def _cap(n: int, limit: int) -> int:
