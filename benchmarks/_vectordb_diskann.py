@@ -61,6 +61,7 @@ def _npy(array: np.ndarray, path: Path) -> str:
     if source:
         return str(source)
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         np.save(path, np.ascontiguousarray(array, dtype=np.float32))
     return str(path)
 

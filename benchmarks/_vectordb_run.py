@@ -38,7 +38,7 @@ QUICK = Plan(
         "faiss_ondisk": [2, 4, 8, 16, 32],
         "faiss_ivf": [2, 4, 8, 16, 32],
         "faiss_hnsw": [16, 32, 64, 128],
-        "diskann": [16, 32, 64, 128],
+        "diskann": [10, 16, 32, 64, 128],
     },
     datasets=["debian-minilm"],
     update_steps=4,
