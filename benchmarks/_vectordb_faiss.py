@@ -52,7 +52,12 @@ def _cached_index(path: Path, make) -> tuple[faiss.Index, float]:  # type: ignor
     return index, build_s
 
 
-def _trained_ivf(ds: Dataset, nlist: int) -> faiss.Index:
+def _trained_ivf(ds: Dataset, nlist: int, cache_dir: Path) -> faiss.Index:
+    """An empty trained IVF-Flat, shared by the in-RAM and the on-disk system (k-means on the
+    2M set takes minutes; both then probe identical lists)."""
+    path = cache_dir / f"{ds.name}-ivf{nlist}.trained"
+    if path.exists():
+        return faiss.read_index(str(path))
     rng = np.random.default_rng(0)
     sample = np.sort(rng.choice(len(ds.base), min(len(ds.base), 64 * nlist), replace=False))
     quantizer = faiss.IndexFlat(ds.base.shape[1], ds.faiss_metric)
@@ -60,6 +65,8 @@ def _trained_ivf(ds: Dataset, nlist: int) -> faiss.Index:
     ivf.train(np.ascontiguousarray(ds.base[sample], dtype=np.float32))
     ivf.own_fields = True
     quantizer.this.disown()  # the IVF owns it now (SWIG would free it twice otherwise)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(ivf, str(path))
     return ivf
 
 
@@ -75,7 +82,7 @@ class MemorySystem:
             path = cache_dir / f"{ds.name}-ivf{nlist}.index"
 
             def make() -> faiss.Index:
-                ivf = _trained_ivf(ds, nlist)
+                ivf = _trained_ivf(ds, nlist, cache_dir)
                 _add_chunked(ivf, ds.base)
                 return ivf
         else:
@@ -118,7 +125,7 @@ class OnDiskIvf:
             log(f"{self.name}: building {self.path.name} + {self.data_path.name}")
             start = time.perf_counter()
             cache_dir.mkdir(parents=True, exist_ok=True)
-            ivf = _trained_ivf(ds, nlist)
+            ivf = _trained_ivf(ds, nlist, cache_dir)
             self.data_path.unlink(missing_ok=True)
             lists = faiss.OnDiskInvertedLists(nlist, ivf.code_size, str(self.data_path))
             ivf.replace_invlists(lists, True)
