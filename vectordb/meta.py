@@ -78,9 +78,8 @@ class MetaStore:
                     self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
     def _load_array(self, key: bytes, value: bytes) -> np.ndarray:
-        (crc,) = _CRC.unpack_from(value)
         data = value[_CRC.size :]
-        if zlib.crc32(data) != crc:
+        if len(value) < _CRC.size or zlib.crc32(data) != _CRC.unpack_from(value)[0]:
             raise CorruptionError(f"checkpoint value {key.decode()} fails its checksum", self.path)
         return np.load(io.BytesIO(data), allow_pickle=False)
 

@@ -106,6 +106,10 @@ class Navigator:
         self._n_heads += len(pids)
 
     def remove(self, pids: list[int]) -> None:
+        """Drop heads. Raises KeyError (changing nothing) for a pid that is not a head."""
+        self._positions(pids)  # every pid a head: a stale -1 would drop another head silently
+        if len(set(pids)) != len(pids):
+            raise KeyError(f"a posting id is removed twice in one call: {pids}")
         for pid in pids:
             pos = int(self._pid_pos[pid])
             self._pid_pos[pid] = -1
@@ -130,8 +134,18 @@ class Navigator:
         self._pos_pid = self._pos_pid[:last]
         self._n_flat = last
 
+    def _positions(self, pids: np.ndarray | list[int]) -> np.ndarray:
+        """Positions of heads ``pids``; KeyError for one that is not a head."""
+        pids = np.asarray(pids, np.int64)
+        known = (pids >= 0) & (pids < len(self._pid_pos))
+        positions = np.full(pids.shape, -1, np.int64)
+        positions[known] = self._pid_pos[pids[known]]
+        if (positions < 0).any():
+            raise KeyError(f"not heads: {pids[positions < 0][:10].tolist()}")
+        return positions
+
     def vectors_of(self, pids: np.ndarray) -> np.ndarray:
-        positions = self._pid_pos[np.asarray(pids, np.int64)]
+        positions = self._positions(pids)
         if len(positions) == 0:
             return np.zeros((0, self.dim), np.float32)
         if self._index is None:

@@ -111,9 +111,16 @@ def decode(
     bad = np.flatnonzero(_checks(words, posting_ids) != records["check"])
     if bad.size:
         first = int(bad[0])
-        pid = posting_ids if np.isscalar(posting_ids) else np.asarray(posting_ids)[first]
+        record = first  # counted from the start of its own list, not of the batch
+        if np.isscalar(posting_ids):
+            pid = posting_ids
+        else:
+            per_record = np.asarray(posting_ids)
+            pid = per_record[first]
+            others = np.flatnonzero(per_record[:first] != pid)
+            record = first - (int(others[-1]) + 1 if len(others) else 0)
         raise CorruptionError(
-            f"posting list {int(pid)}: record {first} fails its check "
+            f"posting list {int(pid)}: record {record} fails its check "
             f"({bad.size} bad of {n_records}); the page is corrupt or was never written"
         )
     return records

@@ -1,0 +1,152 @@
+"""MetaStore: checkpoints round trip through LMDB; a damaged array value is a CorruptionError."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import pytest
+
+from tiers.errors import CorruptionError
+from vectordb.meta import META_FORMAT_VERSION, Checkpoint, MetaStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MetaStore]:
+    meta = MetaStore(str(tmp_path / "meta"))
+    yield meta
+    meta.close()
+
+
+def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "head_vectors": rng.normal(size=(7, 5)).astype(np.float32),
+        "head_pids": rng.permutation(7).astype(np.int64),
+        "versions": rng.integers(0, 1 << 32, 100, dtype=np.uint32),
+        "posting_count": np.zeros(0, np.int32),
+        "bytes": rng.integers(0, 256, (3, 4), dtype=np.uint8),
+        "strided": np.arange(20, dtype=np.int64)[::3],  # not contiguous on the way in
+    }
+
+
+def _assert_same(got: dict[str, Any], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype, name
+        assert got[name].shape == array.shape, name
+        np.testing.assert_array_equal(got[name], array)
+
+
+def test_fresh_store_reads_none(store: MetaStore) -> None:
+    assert store.read() is None
+
+
+def test_round_trip(store: MetaStore, tmp_path: Path) -> None:
+    config = {"dim": 5, "metric": "cosine", "head_fraction": 0.12}
+    state = {"wal_seq": 3, "next_lsn": 17, "next_pid": 7, "navigator_kind": "auto"}
+    arrays = _arrays()
+    store.write(Checkpoint(config, state, arrays))
+    got = store.read()
+    assert got is not None
+    assert got.config == config
+    assert got.state == {**state, "format": META_FORMAT_VERSION}
+    _assert_same(got.arrays, arrays)
+    # committed: a store reopened on the same directory sees it
+    store.close()
+    again = MetaStore(str(tmp_path / "meta"))
+    try:
+        reread = again.read()
+        assert reread is not None
+        _assert_same(reread.arrays, arrays)
+    finally:
+        again.close()
+
+
+def test_second_write_replaces_values(store: MetaStore) -> None:
+    store.write(Checkpoint({"dim": 1}, {"wal_seq": 0}, _arrays(0)))
+    newer = _arrays(1)
+    store.write(Checkpoint({"dim": 1}, {"wal_seq": 1}, newer))
+    got = store.read()
+    assert got is not None
+    assert got.state["wal_seq"] == 1
+    _assert_same(got.arrays, newer)
+
+
+def test_large_checkpoint_grows_the_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vectordb import meta as meta_module
+
+    monkeypatch.setattr(meta_module, "_MAP_BYTES", 1 << 20)  # a small map: forces MapFullError
+    meta = MetaStore(str(tmp_path / "small"))
+    try:
+        big = {"v": np.arange(1 << 19, dtype=np.int64)}  # 4 MiB
+        meta.write(Checkpoint({}, {}, big))
+        got = meta.read()
+        assert got is not None
+        _assert_same(got.arrays, big)
+    finally:
+        meta.close()
+
+
+def _raw(store: MetaStore, key: bytes) -> bytes:
+    with store._env.begin() as txn:
+        value = txn.get(key)
+    assert value is not None
+    return bytes(value)
+
+
+def _damaged(tmp_path: Path, store: MetaStore, key: bytes, value: bytes) -> MetaStore:
+    """Close ``store``, overwrite ``key`` with raw bytes through the lmdb module, reopen."""
+    store.close()
+    env = lmdb.open(str(tmp_path / "meta"), subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(key, value)
+    env.close()
+    return MetaStore(str(tmp_path / "meta"))
+
+
+def _flip(value: bytes, at: int) -> bytes:
+    out = bytearray(value)
+    out[at] ^= 0x01
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda v: _flip(v, len(v) - 1), id="last-data-byte"),
+        pytest.param(lambda v: _flip(v, 4 + 20), id="npy-header"),
+        pytest.param(lambda v: _flip(v, 0), id="crc"),
+        pytest.param(lambda v: v[:-8], id="truncated"),
+        pytest.param(lambda v: v + b"\0" * 8, id="extended"),
+        pytest.param(lambda v: v[:2], id="shorter-than-crc"),
+        pytest.param(lambda v: b"", id="empty"),
+    ],
+)
+def test_corrupted_array_value(store: MetaStore, tmp_path: Path, damage: Any) -> None:
+    store.write(Checkpoint({"dim": 5}, {}, _arrays()))
+    key = b"a:versions"
+    value = _raw(store, key)
+    (crc,) = struct.unpack_from("<I", value)
+    assert crc == zlib.crc32(value[4:])  # the documented layout: crc32 + .npy bytes
+    reopened = _damaged(tmp_path, store, key, damage(value))
+    try:
+        with pytest.raises(CorruptionError, match="versions"):
+            reopened.read()
+    finally:
+        reopened.close()
+
+
+def test_unknown_format_is_refused(store: MetaStore, tmp_path: Path) -> None:
+    store.write(Checkpoint({"dim": 5}, {}, {}))
+    reopened = _damaged(tmp_path, store, b"state", b'{"format": 99}')
+    try:
+        with pytest.raises(CorruptionError, match="format 99"):
+            reopened.read()
+    finally:
+        reopened.close()
