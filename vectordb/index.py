@@ -191,6 +191,21 @@ class SpannIndex:
         self.check_open()
         await build(self, ids, vectors, progress=progress, batch_rows=batch_rows)
 
+    async def build_from(
+        self,
+        source: Any,
+        *,
+        column: str | None = None,
+        id_column: str | None = None,
+        progress: bool = False,
+    ) -> None:
+        """Bulk-build from a file (``.npy``, ``.fvecs``/``.bvecs``, Arrow IPC, Parquet) or an
+        in-memory array/table; see vectordb.vectors_input.load_vectors."""
+        from vectordb.vectors_input import load_vectors
+
+        ids, vectors = load_vectors(source, column=column, id_column=id_column)
+        await self.build(ids, vectors, progress=progress)
+
     async def search(
         self, queries: Any, k: int = 10, params: SearchParams | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -153,8 +153,10 @@ class Navigator:
         return self._index.reconstruct_batch(positions)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(pids int64 [Q, k] padded with -1, internal distances float32 [Q, k]), nearest first."""
+        """(pids int64 [Q, k'] padded with -1, internal distances float32 [Q, k']), nearest
+        first; k' = min(k, heads)."""
         n_queries = len(queries)
+        k = max(1, min(k, self._n_heads))  # "read every list" must not allocate [Q, 10**6]
         out_pids = np.full((n_queries, k), -1, np.int64)
         out_dist = np.full((n_queries, k), np.inf, np.float32)
         if not self._n_heads or n_queries == 0:

@@ -7,6 +7,7 @@ Concurrency: callers hold ``index.update_lock``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -125,6 +126,11 @@ async def _reassign(
     versions = index.versions.next_versions(ids_m)
     stored = vec_all[move].astype(index.config.numpy_dtype)
     touched = await append_placed(index, placement[move], ids_m, versions, stored)
+    # A search that took its view of the lists before these appends would see neither copy
+    # once the version moves on: let those finish first (later ones see both copies).
+    readers = list(index.searches)
+    if readers:
+        await asyncio.gather(*readers, return_exceptions=True)
     index.versions.set(ids_m, versions)
     index.counters["reassigned"] += int(move.sum())
     return [p for p in touched if index.store.count[p] > index.config.posting_limit]

@@ -21,6 +21,7 @@ from vectordb import (
 from vectordb.errors import IndexClosedError
 from vectordb.metric import Metric
 
+EVERYTHING = SearchParams(max_postings=100_000, prune_ratio=1e9)
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "debian-minilm"
 
 
@@ -144,5 +145,71 @@ def test_debian_minilm_recall_and_memory(tmp_path: Path) -> None:
         assert recall(found, truth) >= 0.9
         assert stats["resident_fraction"] <= 0.15
         assert stats["n_heads"] < 0.15 * len(vectors)
+
+    asyncio.run(main())
+
+
+def test_build_from_files(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vectordb.vectors_input import write_fvecs
+
+    vectors = clustered(500, 12, seed=30)
+    write_fvecs(tmp_path / "v.fvecs", vectors)
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(500, dtype=np.int64) + 1000),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 12),
+        }
+    )
+    pq.write_table(table, tmp_path / "v.parquet")
+
+    async def main() -> None:
+        for name, source, first in (
+            ("f", tmp_path / "v.fvecs", 0),
+            ("p", tmp_path / "v.parquet", 1000),
+        ):
+            async with await SpannIndex.create(tmp_path / name, IndexConfig(dim=12)) as index:
+                await index.build_from(source, id_column="id" if name == "p" else None)
+                found, _ = await index.search(vectors[:20], 1, SearchParams(max_postings=16))
+                np.testing.assert_array_equal(found[:, 0], np.arange(20) + first)
+
+    asyncio.run(main())
+
+
+def test_searches_run_while_inserting(tmp_path: Path) -> None:
+    base = clustered(1000, 16, seed=40)
+    extra = clustered(1000, 16, seed=41)
+
+    async def main() -> None:
+        config = IndexConfig(dim=16, posting_limit=24, merge_threshold=3)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, base)
+
+            async def writer() -> None:
+                for start in range(0, 1000, 100):
+                    await index.insert(
+                        np.arange(1000 + start, 1100 + start), extra[start : start + 100]
+                    )
+                    await index.delete(np.arange(start, start + 50))
+                    if start == 500:
+                        await index.checkpoint()  # frees runs while searches may read them
+
+            async def reader() -> int:
+                rounds = 0
+                while not done.is_set():
+                    found, _ = await index.search(base[550:600], 1, EVERYTHING)
+                    np.testing.assert_array_equal(found[:, 0], np.arange(550, 600))  # never deleted
+                    rounds += 1
+                    await asyncio.sleep(0.05)  # a search every 50 ms: the writer keeps going
+                return rounds
+
+            done = asyncio.Event()
+            task = asyncio.create_task(reader())
+            await writer()
+            done.set()
+            assert await task > 0
+            assert index.stats()["splits"] > 0 and index.stats()["reassigned"] > 0
 
     asyncio.run(main())
