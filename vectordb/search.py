@@ -136,8 +136,8 @@ def _note_small_lists(
 ) -> None:
     if len(pids) == 0 or index.config.merge_threshold == 0:
         return
-    live = np.add.reduceat(valid.astype(np.int64), starts[:-1]) if len(valid) else np.zeros(0)
-    live = np.where(np.diff(starts) > 0, live, 0)
+    owner = np.repeat(np.arange(len(pids)), np.diff(starts))  # empty lists are fine here
+    live = np.bincount(owner[valid], minlength=len(pids))
     small = pids[live <= index.config.merge_threshold]
     if len(small) and index.navigator.n_heads > 1:
         index.merge_candidates.update(small.tolist())
