@@ -92,8 +92,9 @@ class PostingStore:
             self.capacity[pid] = self.count[pid] = 0
 
     # ----------------------------------------------------------------- reads
-    async def read(self, pids: np.ndarray) -> PostingBatch:
-        pids = np.asarray(pids, np.int64)
+    async def _read_raw(self, pids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, byte offset of each list in it, record count of each list): one submission,
+        each list page-aligned in the buffer."""
         counts = self.count[pids].astype(np.int64)
         pages = self._pages(counts)
         keep = pages > 0
@@ -112,11 +113,16 @@ class PostingStore:
         c["posting_reads"] += int(keep.sum())
         c["pages_read"] += int(buffer_pages[-1])
         c["bytes_read"] += int(buffer_pages[-1]) * PAGE_BYTES
+        return buffer, buffer_pages[:-1] * PAGE_BYTES, counts
+
+    async def read(self, pids: np.ndarray) -> PostingBatch:
+        """The lists' records, verified, concatenated into one array."""
+        pids = np.asarray(pids, np.int64)
+        buffer, byte_offsets, counts = await self._read_raw(pids)
         starts = np.zeros(len(pids) + 1, np.int64)
         np.cumsum(counts, out=starts[1:])
         total = int(starts[-1])
         raw = np.empty(total * self.rec_bytes, np.uint8)
-        byte_offsets = buffer_pages[:-1] * PAGE_BYTES
         sizes = counts * self.rec_bytes
         out_offsets = starts[:-1] * self.rec_bytes
         for src, dst, size in zip(
@@ -125,6 +131,19 @@ class PostingStore:
             raw[dst : dst + size] = buffer[src : src + size]
         records = decode(raw, total, self.dtype, np.repeat(pids, counts))
         return PostingBatch(pids, records, starts)
+
+    async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:
+        """The lists' records, verified, as one view per list into the read buffer (no copy:
+        the search path, where the bytes are touched once)."""
+        pids = np.asarray(pids, np.int64)
+        buffer, byte_offsets, counts = await self._read_raw(pids)
+        size = self.rec_bytes
+        return [
+            decode(buffer[offset : offset + n * size], n, self.dtype, pid)
+            for pid, offset, n in zip(
+                pids.tolist(), byte_offsets.tolist(), counts.tolist(), strict=True
+            )
+        ]
 
     # ----------------------------------------------------------------- writes
     async def write(self, items: list[PostingItem]) -> None:

@@ -75,69 +75,85 @@ async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
 ) -> tuple[np.ndarray, np.ndarray]:
     n_queries = len(queries)
-    out_ids = np.full((n_queries, k), -1, np.int64)
-    out_dist = np.full((n_queries, k), np.inf, np.float32)
     pids, head_dist = index.navigator.search(queries, params.max_postings)
     keep = _prune(index.metric, pids, head_dist, params.prune_ratio)
     unique, inverse = np.unique(pids[keep], return_inverse=True)
-    batch = await index.store.read(unique)
-    records = batch.records
-    valid = index.versions.valid(records["id"], records["version"])
-    _note_small_lists(index, unique, batch.starts, valid)
-    vectors = np.ascontiguousarray(records["vector"], dtype=np.float32)
-    ids = records["id"]
-    lens = np.diff(batch.starts)
-    slot = np.full(pids.shape, -1, np.int64)
-    slot[keep] = inverse
-    for q in range(n_queries):
-        lists = slot[q][slot[q] >= 0]
-        rows = _ranges(batch.starts[lists], lens[lists])
-        rows = rows[valid[rows]]
-        if len(rows) == 0:
+    probe_query = np.nonzero(keep)[0]  # the query of each kept (query, list) probe
+    lists = await index.store.read_views(unique)
+    by_list = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[by_list], np.arange(len(unique) + 1))
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    live_counts = np.zeros(len(unique), np.int64)
+    for slot, records in enumerate(lists):
+        if len(records) == 0:
             continue
-        found_ids, found_dist = _top_k(index.metric, queries[q], vectors[rows], ids[rows], k)
-        out_ids[q, : len(found_ids)] = found_ids
-        out_dist[q, : len(found_ids)] = found_dist
+        valid = index.versions.valid(records["id"], records["version"])
+        live_counts[slot] = int(valid.sum())
+        if not live_counts[slot]:
+            continue
+        who = probe_query[by_list[bounds[slot] : bounds[slot + 1]]]
+        found.append(_score_list(index.metric, records[valid], queries, who, k))
+    _note_small_lists(index, unique, live_counts)
     index.counters["queries"] += n_queries
+    out_ids, out_dist = _best_per_query(found, n_queries, k)
     return out_ids, to_scores(index.metric, out_dist)
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return offsets + np.arange(total)
+def _score_list(
+    metric: Metric, records: np.ndarray, queries: np.ndarray, who: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, id, distance) of the nearest ``k`` records of one list for each query in ``who``.
 
-
-def _top_k(
-    metric: Metric, query: np.ndarray, vectors: np.ndarray, ids: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
+    The vectors are a strided view into the read buffer: BLAS takes it as is, nothing copied
+    (uint8 lists are converted, being 4x smaller)."""
+    vectors = records["vector"]
+    if vectors.dtype != np.float32:
+        vectors = vectors.astype(np.float32)
+    dist = vectors @ queries[who].T  # [records, queries]
     if metric is Metric.L2:
-        diff = vectors - query
-        dist = np.einsum("ij,ij->i", diff, diff)
+        dist *= -2.0
+        dist += np.einsum("ij,ij->i", vectors, vectors)[:, None]
+        dist += np.einsum("ij,ij->i", queries[who], queries[who])[None, :]
     else:
-        dist = -(vectors @ query)
-    want = min(len(dist), k * 4)  # replicas: a few copies of one id may crowd the top k
-    while True:
-        part = np.argpartition(dist, want - 1)[:want] if want < len(dist) else np.arange(len(dist))
-        part = part[np.argsort(dist[part], kind="stable")]
-        _, first = np.unique(ids[part], return_index=True)
-        first.sort()
-        if len(first) >= k or want >= len(dist):
-            chosen = part[first[:k]]
-            return ids[chosen], dist[chosen]
-        want = min(len(dist), want * 4)
+        np.negative(dist, out=dist)
+    ids = records["id"]
+    if len(ids) > k:
+        rows = np.argpartition(dist, k - 1, axis=0)[:k]  # [k, queries]
+        dist = np.take_along_axis(dist, rows, axis=0)
+        ids = ids[rows]
+    else:
+        ids = np.broadcast_to(ids[:, None], dist.shape)
+    return np.broadcast_to(who, dist.shape).ravel(), ids.ravel(), dist.ravel()
 
 
-def _note_small_lists(
-    index: SpannIndex, pids: np.ndarray, starts: np.ndarray, valid: np.ndarray
-) -> None:
-    if len(pids) == 0 or index.config.merge_threshold == 0:
+def _best_per_query(
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_queries: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the ``k`` nearest distinct ids over all its lists (replicas counted once)."""
+    out_ids = np.full((n_queries, k), -1, np.int64)
+    out_dist = np.full((n_queries, k), np.inf, np.float32)
+    if not found:
+        return out_ids, out_dist
+    query = np.concatenate([f[0] for f in found])
+    ids = np.concatenate([f[1] for f in found])
+    dist = np.concatenate([f[2] for f in found])
+    order = np.lexsort((dist, ids, query))  # by query, then id, nearest copy first
+    query, ids, dist = query[order], ids[order], dist[order]
+    first = np.ones(len(query), bool)
+    first[1:] = (query[1:] != query[:-1]) | (ids[1:] != ids[:-1])
+    query, ids, dist = query[first], ids[first], dist[first]
+    order = np.lexsort((dist, query))
+    query, ids, dist = query[order], ids[order], dist[order]
+    rank = np.arange(len(query)) - np.searchsorted(query, query)
+    take = rank < k
+    out_ids[query[take], rank[take]] = ids[take]
+    out_dist[query[take], rank[take]] = dist[take]
+    return out_ids, out_dist
+
+
+def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:
+    if len(pids) == 0 or index.config.merge_threshold == 0 or index.navigator.n_heads <= 1:
         return
-    owner = np.repeat(np.arange(len(pids)), np.diff(starts))  # empty lists are fine here
-    live = np.bincount(owner[valid], minlength=len(pids))
     small = pids[live <= index.config.merge_threshold]
-    if len(small) and index.navigator.n_heads > 1:
+    if len(small):
         index.merge_candidates.update(small.tolist())
