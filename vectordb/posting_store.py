@@ -11,6 +11,9 @@ numpy arrays and goes to LMDB with every checkpoint. Layout of the records: post
   new records touch (the tail page is read first, in one submission for all lists); lists
   without room are moved to a larger run.
 
+Invariant kept by the callers: a list never holds two valid copies of one vector (search keeps
+only the best k records per list and query).
+
 Concurrency: loop thread only. Readers may run while a writer awaits: a read snapshots the
 directory rows it needs before its I/O, runs it reads are never reused before a checkpoint, and
 an in-place append rewrites a tail page with the same bytes before the old count.

@@ -161,6 +161,10 @@ async def _merge(index: SpannIndex, pid: int) -> None:
     if target is None:
         return
     if len(rec):
+        there = (await index.store.read(np.array([target]))).records
+        live_there = there["id"][index.versions.valid(there["id"], there["version"])]
+        rec = rec[~np.isin(rec["id"], live_there)]  # never two valid copies in one list
+    if len(rec):
         item = PostingItem(target, rec["id"].copy(), rec["version"].copy(), rec["vector"].copy())
         await index.store.append([item])
     index.store.drop(pid)

@@ -66,9 +66,13 @@ def _prune(metric: Metric, pids: np.ndarray, dist: np.ndarray, ratio: float) -> 
     keep = pids >= 0
     if metric is Metric.IP:
         return keep
-    l2 = dist if metric is Metric.L2 else 2.0 + 2.0 * dist
-    nearest = np.maximum(l2[:, :1], 1e-12)
-    return keep & (l2 <= ratio * nearest)
+    l2 = dist if metric is Metric.L2 else np.maximum(2.0 + 2.0 * dist, 0.0)
+    # A query sitting on a head (distance ~0) would prune every other list; like SPTAG's
+    # "nearest > 0.1" guard, but scale-free: the reference is at least a quarter of the
+    # second-nearest head's distance.
+    second = l2[:, 1:2] if l2.shape[1] > 1 else l2[:, :1]
+    reference = np.maximum(l2[:, :1], 0.25 * np.where(np.isfinite(second), second, 0.0))
+    return keep & (l2 <= ratio * np.maximum(reference, 1e-12))
 
 
 async def _search(

@@ -213,3 +213,18 @@ def test_searches_run_while_inserting(tmp_path: Path) -> None:
             assert index.stats()["splits"] > 0 and index.stats()["reassigned"] > 0
 
     asyncio.run(main())
+
+
+def test_a_query_equal_to_a_head_still_reads_other_lists(tmp_path: Path) -> None:
+    vectors = clustered(600, 8, seed=50)
+
+    async def main() -> None:
+        async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8)) as index:
+            await index.build(None, vectors)
+            heads, _ = index.navigator.snapshot()
+            head_vector = index.navigator.vectors_of(heads[:1])
+            found, _ = await index.search(head_vector, 20, SearchParams(max_postings=64))
+        truth, _ = brute_force(Metric.L2, np.arange(600), vectors, head_vector, 20)
+        assert recall(found, truth) >= 0.9  # distance 0 to one head must not prune the rest
+
+    asyncio.run(main())
