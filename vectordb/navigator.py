@@ -90,6 +90,9 @@ class Navigator:
         """Add heads (prepared float32 vectors) under posting ids ``pids``."""
         if len(pids) == 0:
             return
+        if self._index is None and self.kind == "auto" and self._ntotal + len(pids) > HNSW_ABOVE:
+            self._rebuild(extra=(np.asarray(vectors, np.float32), np.asarray(pids, np.int64)))
+            return
         start = self._ntotal
         vectors = np.ascontiguousarray(vectors, np.float32)
         if self._index is None:
@@ -186,9 +189,17 @@ class Navigator:
         pids = np.flatnonzero(self._pid_pos >= 0)
         return pids, self.vectors_of(pids)
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, extra: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Rebuild from the live heads (plus ``extra`` (vectors, pids)); picks flat or HNSW
+        for the new size."""
         pids, vectors = self.snapshot()
+        if extra is not None:
+            vectors = np.concatenate([vectors, extra[0]])
+            pids = np.concatenate([pids, extra[1]])
         self._index = self._new_index(len(pids))
+        if self._index is not None:  # now HNSW: the flat copy goes
+            self._flat = np.zeros((0, self.dim), np.float32)
+            self._flat_norms = np.zeros(0, np.float32)
         self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)
         self._pid_pos = np.zeros(0, np.int64)
