@@ -19,7 +19,7 @@ from vectordb.metric import Metric
 
 __all__ = ["DTYPES", "IndexConfig", "SearchParams"]
 
-DTYPES = ("float32", "uint8")  # how vectors are stored in posting lists
+DTYPES = ("float32", "float16", "uint8")  # how vectors are stored in posting lists
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class IndexConfig:
         _positive(self, "reassign_neighbours", "checkpoint_wal_bytes")
         if self.dtype not in DTYPES:
             raise IndexConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype == "uint8" and Metric(self.metric) is Metric.COSINE:
+            raise IndexConfigError("cosine normalises vectors: store them as float32 or float16")
         if not 0.0 < self.head_fraction <= 1.0:
             raise IndexConfigError(f"head_fraction must be in (0, 1], got {self.head_fraction}")
         if self.replica_count > self.candidate_heads:
@@ -65,6 +67,12 @@ class IndexConfig:
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
         return np.dtype(self.dtype)
+
+    @property
+    def raw_bytes_per_vector(self) -> int:
+        """A vector at its input precision (float32 for float indexes, even when the lists
+        keep float16 copies): the base that resident memory is compared to."""
+        return self.dim * (1 if self.dtype == "uint8" else 4)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

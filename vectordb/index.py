@@ -244,7 +244,7 @@ class SpannIndex:
 
     def stats(self) -> dict[str, Any]:
         n_vectors = self.versions.live_count
-        raw = n_vectors * self.config.dim * self.config.numpy_dtype.itemsize
+        raw = n_vectors * self.config.raw_bytes_per_vector
         resident = (
             self.navigator.resident_bytes()
             + self.versions.resident_bytes()

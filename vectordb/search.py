@@ -88,10 +88,17 @@ async def _search(
     bounds = np.searchsorted(inverse[by_list], np.arange(len(unique) + 1))
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     live_counts = np.zeros(len(unique), np.int64)
+    sizes = np.array([len(r) for r in lists], np.int64)
+    if sizes.sum():  # one version-map lookup for every record read
+        all_valid = index.versions.valid(
+            np.concatenate([r["id"] for r in lists]),
+            np.concatenate([r["version"] for r in lists]),
+        )
+    else:
+        all_valid = np.zeros(0, bool)
+    ends = np.cumsum(sizes)
     for slot, records in enumerate(lists):
-        if len(records) == 0:
-            continue
-        valid = index.versions.valid(records["id"], records["version"])
+        valid = all_valid[ends[slot] - sizes[slot] : ends[slot]]
         live_counts[slot] = int(valid.sum())
         if not live_counts[slot]:
             continue

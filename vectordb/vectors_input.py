@@ -156,7 +156,8 @@ def _convert(matrix: np.ndarray, target: np.dtype) -> np.ndarray:
         return np.ascontiguousarray(matrix, dtype=np.uint8)
     with np.errstate(over="ignore"):  # overflow is reported below, with its row
         out = np.ascontiguousarray(matrix, dtype=target)
-    if matrix.dtype.kind == "f" and matrix.dtype.itemsize > target.itemsize:
+    narrower = matrix.dtype.kind in "iu" or matrix.dtype.itemsize > target.itemsize
+    if out.dtype.kind == "f" and narrower:  # e.g. 1e6 or int 70000 -> float16 inf
         row = _first_bad_row(out, _nonfinite_rows)
         if row is not None:
             raise InvalidVectorsError(f"row {row} has values outside the {target} range")

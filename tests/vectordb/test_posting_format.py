@@ -229,3 +229,22 @@ def test_decode_is_a_view_of_the_prefix() -> None:
     np.testing.assert_array_equal(out["id"], ids)
     assert len(out) == 4
     assert len(decode(padded, 0, record_dtype(4, "float32"), 7)) == 0
+
+
+def test_verify_many_checks_every_record_of_every_list() -> None:
+    from vectordb.posting_format import verify_many
+
+    dtype = record_dtype(5, np.float32)
+    rng = np.random.default_rng(3)
+    buffer = np.zeros(4 * PAGE_BYTES, np.uint8)
+    offsets = np.array([0, PAGE_BYTES, 2 * PAGE_BYTES], np.int64)
+    counts = np.array([3, 0, 7], np.int64)
+    pids = np.array([11, 12, 13], np.int64)
+    for offset, n, pid in zip(offsets, counts, pids, strict=True):
+        out = buffer[offset : offset + n * dtype.itemsize].view(dtype)
+        encode(out, int(pid), np.arange(n), np.ones(n), rng.normal(size=(n, 5)))
+    buffer[3 * 48 + 5] = 0xFF  # garbage after list 11's last record: not part of any record
+    verify_many(buffer, offsets, counts, dtype, pids)
+    buffer[2 * PAGE_BYTES + 4 * dtype.itemsize + 30] ^= 1  # list 13, record 4
+    with pytest.raises(CorruptionError, match="posting list 13: record 4"):
+        verify_many(buffer, offsets, counts, dtype, pids)
