@@ -228,3 +228,22 @@ def test_a_query_equal_to_a_head_still_reads_other_lists(tmp_path: Path) -> None
         assert recall(found, truth) >= 0.9  # distance 0 to one head must not prune the rest
 
     asyncio.run(main())
+
+
+def test_float16_lists_keep_recall_and_refuse_overflow(tmp_path: Path) -> None:
+    vectors = clustered(3000, 24, seed=60)
+    queries = clustered(80, 24, seed=61)
+
+    async def main() -> None:
+        config = IndexConfig(dim=24, metric="cosine", dtype="float16")
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            found, _ = await index.search(queries, 10, SearchParams(max_postings=32))
+            with pytest.raises(InvalidVectorsError, match="range"):
+                await index.insert(np.array([10**6]), np.full((1, 24), 1e6, np.float32))
+            stats = index.stats()
+        truth, _ = brute_force(Metric.COSINE, np.arange(3000), vectors, queries, 10)
+        assert recall(found, truth) >= 0.9
+        assert stats["raw_vector_bytes"] == 3000 * 24 * 4  # the float32 input is the base
+
+    asyncio.run(main())
