@@ -30,7 +30,6 @@ from _vectordb_data import Dataset
 
 import vectordb
 from vectordb import IndexConfig, SearchParams, SpannIndex
-from vectordb.navigator import HNSW_ABOVE
 
 _ALONE_SAMPLE = 50  # queries searched one by one for the unshared I/O figure
 _ROOT = Path(__file__).resolve().parents[1]
@@ -49,18 +48,9 @@ def code_hash() -> str:
     return digest.hexdigest()[:10]
 
 
-def navigator_for(n: int) -> str:
-    """ "hnsw" where "auto" means it (more heads than HNSW_ABOVE) but does not deliver it: the
-    navigator picks its kind when created empty, so a bulk build keeps the flat scan, and
-    placing 2M vectors against 240k flat heads ran at ~230 vectors/s here (hours)."""
-    heads = n * IndexConfig(dim=1).head_fraction
-    return "hnsw" if heads > HNSW_ABOVE else "auto"
-
-
 async def _build(directory: Path, ds: Dataset, ids: np.ndarray | None, rows: Any) -> float:
     start = time.perf_counter()
-    nav = navigator_for(len(rows))
-    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric, navigator=nav)
+    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric)  # defaults throughout
     index = await SpannIndex.create(directory, config)
     try:
         await index.build(ids, rows, progress=True)
@@ -75,9 +65,7 @@ def cached_build(
     runner: asyncio.Runner, cache_dir: Path, tag: str, ds: Dataset, ids: np.ndarray | None = None
 ) -> tuple[Path, float]:
     """(index directory, build seconds) for ``ds`` (rows ``ids`` only, if given)."""
-    n = len(ds.base) if ids is None else len(ids)
-    nav = "" if navigator_for(n) == "auto" else "-hnswnav"
-    directory = cache_dir / f"{tag}-{code_hash()}{nav}"
+    directory = cache_dir / f"{tag}-{code_hash()}"
     stamp = directory / "BUILT"
     if stamp.exists():
         log(f"ours: reusing the build in {directory}")
