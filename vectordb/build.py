@@ -5,8 +5,8 @@
 3. place every vector in up to ``replica_count`` lists (placement.place);
 4. trim lists over ``posting_limit`` to their nearest members, but never take a vector's last
    copy (such a vector stays in its nearest list);
-5. write the lists (each with some headroom for appends), split the few that the rescued
-   vectors took over the limit, and checkpoint.
+5. split, in memory, the few lists that the rescued vectors took over the limit;
+6. write the lists (each with some headroom for appends) and checkpoint.
 
 Atomic: the index is visibly built only when the checkpoint commits; a crash before leaves the
 empty index of the last checkpoint (its posting pages are free space again on open).
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from vectordb.clustering import select_heads
+from vectordb.clustering import medoid, select_heads, two_means
 from vectordb.errors import IndexConfigError
 from vectordb.metric import prepare
 from vectordb.placement import place
@@ -62,14 +62,10 @@ async def build(
             placement[start : start + len(chunk)] = place(chunk, index.navigator, config)
             bar.update(len(chunk))
     rows, pid_of = _trim(prepared, placement, index, config.posting_limit)
+    rows, pid_of = _split_in_memory(index, prepared, rows, pid_of, config.posting_limit)
     versions = np.ones(len(ids), np.uint32)
     await _write_lists(index, rows, pid_of, ids, versions, stored, progress)
     index.versions.set(ids, versions)
-    over = np.flatnonzero(index.store.count > config.posting_limit)  # rescued orphans
-    if len(over):
-        from vectordb.rebalance import split_lists
-
-        await split_lists(index, over.tolist())
     from vectordb.checkpoint import checkpoint
 
     await checkpoint(index)
@@ -99,6 +95,42 @@ def _trim(
     keep_pids = np.concatenate([pid_of[kept], placement[orphans, 0]])
     order = np.argsort(keep_pids, kind="stable")
     return keep_rows[order], keep_pids[order]
+
+
+def _split_in_memory(
+    index: SpannIndex, prepared: np.ndarray, rows: np.ndarray, pid_of: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split the lists that rescued vectors took over the limit, before anything is written:
+    2-means until every part fits, each part under a new head (its medoid). No reassignment
+    and no I/O: on disk, a split cascade over millions of vectors costs many times the data."""
+    counts = np.bincount(pid_of, minlength=index.next_pid)
+    over = np.flatnonzero(counts > limit)
+    if len(over) == 0:
+        return rows, pid_of
+    keep = ~np.isin(pid_of, over)
+    out_rows, out_pids = [rows[keep]], [pid_of[keep]]
+    order = np.argsort(pid_of, kind="stable")
+    bounds = np.searchsorted(pid_of[order], np.concatenate([over, over + 1]))
+    new_heads: list[int] = []
+    new_pids: list[int] = []
+    for a, b in zip(bounds[: len(over)].tolist(), bounds[len(over) :].tolist(), strict=True):
+        queue = [rows[order[a:b]]]
+        while queue:
+            members = queue.pop()
+            if len(members) > limit:
+                labels = two_means(prepared[members], index.config.seed + len(new_pids))
+                queue.extend([members[labels == 0], members[labels == 1]])
+                continue
+            pid = index.take_pid()
+            new_heads.append(medoid(prepared, members))
+            new_pids.append(pid)
+            out_rows.append(members)
+            out_pids.append(np.full(len(members), pid, np.int64))
+    index.navigator.remove(over.tolist())
+    index.navigator.add(prepared[new_heads], np.array(new_pids, np.int64))
+    rows, pid_of = np.concatenate(out_rows), np.concatenate(out_pids)
+    order = np.argsort(pid_of, kind="stable")
+    return rows[order], pid_of[order]
 
 
 async def _write_lists(

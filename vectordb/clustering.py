@@ -17,7 +17,7 @@ from collections.abc import Callable
 import faiss
 import numpy as np
 
-__all__ = ["BRANCHING", "select_heads", "two_means"]
+__all__ = ["BRANCHING", "medoid", "select_heads", "two_means"]
 
 BRANCHING = 32
 _SAMPLE_PER_CENTROID = 64
@@ -45,7 +45,7 @@ def select_heads(
     while stack:
         rows = stack.pop()
         if len(rows) <= leaf_size:
-            heads.append(_medoid(vectors, rows))
+            heads.append(medoid(vectors, rows))
             if on_progress is not None:
                 on_progress(len(rows))
             continue
@@ -106,7 +106,8 @@ def _kmeans_labels(vectors: np.ndarray, k: int, rng: np.random.Generator) -> np.
     return labels[:, 0]
 
 
-def _medoid(vectors: np.ndarray, rows: np.ndarray) -> int:
+def medoid(vectors: np.ndarray, rows: np.ndarray) -> int:
+    """The row of ``rows`` nearest their mean (a real vector to serve as a head)."""
     members = vectors[rows]
     centre = members.mean(axis=0)
     diff = members - centre
