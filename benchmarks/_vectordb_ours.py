@@ -48,9 +48,12 @@ def code_hash() -> str:
     return digest.hexdigest()[:10]
 
 
-async def _build(directory: Path, ds: Dataset, ids: np.ndarray | None, rows: Any) -> float:
+async def _build(
+    directory: Path, ds: Dataset, ids: np.ndarray | None, rows: Any, dtype: str = "float32"
+) -> float:
     start = time.perf_counter()
-    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric)  # defaults throughout
+    # defaults throughout, but for the posting-list precision of the float16 variant
+    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric, dtype=dtype)
     index = await SpannIndex.create(directory, config)
     try:
         await index.build(ids, rows, progress=True)
@@ -62,10 +65,16 @@ async def _build(directory: Path, ds: Dataset, ids: np.ndarray | None, rows: Any
 
 
 def cached_build(
-    runner: asyncio.Runner, cache_dir: Path, tag: str, ds: Dataset, ids: np.ndarray | None = None
+    runner: asyncio.Runner,
+    cache_dir: Path,
+    tag: str,
+    ds: Dataset,
+    ids: np.ndarray | None = None,
+    dtype: str = "float32",
 ) -> tuple[Path, float]:
     """(index directory, build seconds) for ``ds`` (rows ``ids`` only, if given)."""
-    directory = cache_dir / f"{tag}-{code_hash()}"
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    directory = cache_dir / f"{tag}{suffix}-{code_hash()}"
     stamp = directory / "BUILT"
     if stamp.exists():
         log(f"ours: reusing the build in {directory}")
@@ -73,7 +82,7 @@ def cached_build(
     rows = ds.base if ids is None else np.ascontiguousarray(ds.base[ids])
     log(f"ours: building {len(rows):,} vectors into {directory}")
     shutil.rmtree(directory, ignore_errors=True)  # a build that never finished
-    build_s = runner.run(_build(directory, ds, ids, rows))
+    build_s = runner.run(_build(directory, ds, ids, rows, dtype))
     log(f"ours: built in {build_s:.1f} s")
     return directory, build_s
 
@@ -83,9 +92,13 @@ class OursSystem:
 
     name, knob = "ours", "max_postings"
 
-    def __init__(self, runner: asyncio.Runner, ds: Dataset, cache_dir: Path) -> None:
+    def __init__(
+        self, runner: asyncio.Runner, ds: Dataset, cache_dir: Path, dtype: str = "float32"
+    ) -> None:
         self.runner = runner
-        directory, self.build_s = cached_build(runner, cache_dir, ds.name, ds)
+        if dtype != "float32":
+            self.name = f"ours_{dtype.replace('float', 'fp')}"
+        directory, self.build_s = cached_build(runner, cache_dir, ds.name, ds, dtype=dtype)
         self.index: SpannIndex = runner.run(SpannIndex.open(directory))
         self.stats: dict[str, Any] = self.index.stats()
         self.resident_bytes = float(self.stats["resident_bytes"])

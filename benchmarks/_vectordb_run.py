@@ -66,6 +66,8 @@ def _systems(
     cache = out / "vectordb"
     ours = OursSystem(runner, ds, cache / "spann")
     systems: list[Any] = [ours]
+    if "fp16" not in skip:  # the same index with float16 posting lists (half the bytes)
+        systems.append(OursSystem(runner, ds, cache / "spann", dtype="float16"))
     with stdout_to_stderr():  # faiss prints "resizing ..." from C++
         systems.append(OnDiskIvf(ds, cache / "faiss"))
         systems += [MemorySystem(kind, ds, cache / "faiss") for kind in ("ivf", "hnsw")]
@@ -94,6 +96,7 @@ def run_dataset(
     systems, builds = _systems(runner, ds, out, quick, skip, notes)
     sweeps = dict(plan.sweeps)  # the default setting is always measured (the headline uses it)
     sweeps["ours"] = sorted({*sweeps["ours"], SearchParams().max_postings})
+    sweeps["ours_fp16"] = sweeps["ours"]
     points: dict[tuple[str, int], Point] = {}
     extra = {"ours_stats": systems[0].stats}
     try:
@@ -127,7 +130,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="debian-minilm only, ~1-2 min")
     parser.add_argument("--datasets", help="comma-separated, e.g. debian-minilm,gmm-500000")
     parser.add_argument("--rounds", type=int)
-    parser.add_argument("--skip", default="", help="comma-separated: diskann, update")
+    parser.add_argument("--skip", default="", help="comma-separated: diskann, update, fp16")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     return parser.parse_args(argv)
 
@@ -203,6 +206,11 @@ def _headline(points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:
         "qps": round(ours.qps, 1),
         "qps_vs_faiss_ondisk": ratio("faiss_ondisk"),
         "qps_vs_diskann": ratio("diskann"),
+        "fp16_qps_vs_faiss_ondisk": (
+            round(at["ours_fp16"] / at["faiss_ondisk"], 3)
+            if at.get("ours_fp16") and at.get("faiss_ondisk")
+            else None
+        ),
         "resident_fraction": round(stats["resident_fraction"], 4),
         "pages_per_query": round(ours.io["pages_alone"], 1),
         "pages_per_query_batched": round(ours.io["pages"], 1),
