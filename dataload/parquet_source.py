@@ -58,7 +58,8 @@ class ParquetSource(Source):
         if missing:
             raise InvalidArgumentError(f"{self.name}: no columns {missing}; it has {names}")
         self._first_rows, self._spans = self._layout()
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache: OrderedDict[int, _Group] = OrderedDict()
+        self._inflight: dict[int, asyncio.Future] = {}
         self._cache_bytes, self._cached_bytes = cache_bytes, 0
         self._engine: IOEngine | None = None
         self._file: FileHandle | None = None
@@ -86,6 +87,7 @@ class ParquetSource(Source):
     async def open(self, engine: IOEngine) -> None:
         self._engine = engine
         self._cache, self._cached_bytes = OrderedDict(), 0  # per loader: no sharing across loops
+        self._inflight = {}
         self._file = await engine.open(self.path)
 
     async def close(self) -> None:
@@ -96,91 +98,195 @@ class ParquetSource(Source):
     async def read(self, indices: np.ndarray, slabs: SlabPool) -> SampleBatch:
         indices = self.check_indices(indices)
         groups = np.searchsorted(self._first_rows, indices, side="right") - 1
-        tables, failed, bytes_read = await self._groups(sorted(set(groups.tolist())), slabs)
+        decoded, failed, bytes_read = await self._groups(sorted(set(groups.tolist())), slabs)
         errors: dict[int, SampleError] = {}
-        for position, group in enumerate(groups.tolist()):
-            if group in failed:
-                error = CorruptSampleError(self.name, int(indices[position]), failed[group])
-                errors[position] = error
-        ok = [g for g in dict.fromkeys(groups.tolist()) if g not in failed]
-        columns = self._gather(indices, groups, ok, tables)
+        if failed:
+            for position, group in enumerate(groups.tolist()):
+                if group in failed:
+                    error = CorruptSampleError(self.name, int(indices[position]), failed[group])
+                    errors[position] = error
+        columns = self._gather(indices, groups, decoded)
         return SampleBatch(indices, columns=columns, errors=errors, bytes_read=bytes_read)
 
     def _gather(
-        self, indices: np.ndarray, groups: np.ndarray, ok: list[int], tables: dict[int, pa.Table]
+        self, indices: np.ndarray, groups: np.ndarray, decoded: dict[int, _Group]
     ) -> dict[str, object]:
-        """Columns in sampler order, taken group by group (a take over many chunks would
-        concatenate them); rows of failed groups are None (or 0 in numeric columns)."""
+        """Columns in sampler order from the decoded groups: one numpy gather per group for
+        null-free numeric columns, one list lookup per row for the rest (the groups' values were
+        converted to Python once, when decoded). Rows of failed groups are None (0 in numeric
+        columns)."""
         n = len(indices)
-        out: dict[str, object] = {name: [None] * n for name in self.columns}
-        for g in ok:
-            positions = np.flatnonzero(groups == g)
-            picked = tables[g].take(pa.array(indices[positions] - self._first_rows[g]))
-            for name in self.columns:
-                column = picked.column(name)
-                numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                if numeric and column.null_count == 0:
-                    target = out[name]
-                    if isinstance(target, list):
-                        target = out[name] = np.zeros(n, column.type.to_pandas_dtype())
-                    target[positions] = column.to_numpy()
-                else:
-                    target = out[name]
-                    if isinstance(target, np.ndarray):
-                        target = out[name] = target.tolist()
-                    for position, value in zip(positions.tolist(), column.to_pylist(), strict=True):
-                        target[position] = value
+        rows = indices - self._first_rows[groups]
+        out: dict[str, object] = {}
+        for name in self.columns:
+            parts = {g: group.columns[name] for g, group in decoded.items()}
+            arrays = [p for p in parts.values() if isinstance(p, np.ndarray)]
+            if parts and len(arrays) == len(parts):
+                target = np.zeros(n, arrays[0].dtype)
+                for g, values in parts.items():
+                    positions = np.flatnonzero(groups == g)
+                    target[positions] = values[rows[positions]]
+                out[name] = target
+                continue
+            lookup = {g: p.tolist() if isinstance(p, np.ndarray) else p for g, p in parts.items()}
+            column: list[object] = [None] * n
+            for position, (g, r) in enumerate(zip(groups.tolist(), rows.tolist(), strict=True)):
+                values = lookup.get(g)
+                if values is not None:
+                    column[position] = values[r]
+            out[name] = column
         return out
 
     async def _groups(
         self, groups: list[int], slabs: SlabPool
-    ) -> tuple[dict[int, pa.Table], dict[int, str], int]:
-        """Decoded tables of ``groups`` (cached or read now), failures by group, bytes read."""
-        tables = {g: self._cache[g] for g in groups if g in self._cache}
-        for g in tables:
-            self._cache.move_to_end(g)
-        missing = [g for g in groups if g not in tables]
+    ) -> tuple[dict[int, _Group], dict[int, str], int]:
+        """Decoded ``groups`` (cached, being decoded for another batch, or read now), failures by
+        group, bytes read. A group is read and decoded once even when concurrently prefetched
+        batches need it: the first batch to miss it registers an in-flight future, the others
+        wait on that (and read it themselves only if that batch was cancelled)."""
+        decoded: dict[int, _Group] = {}
         failed: dict[int, str] = {}
-        if not missing:
-            return tables, failed, 0
-        spans = self._spans[missing]
-        lengths = spans[:, 1] - spans[:, 0]
-        data = slabs.acquire(int(lengths.sum()))
-        assert self._engine is not None and self._file is not None
-        try:
-            await self._engine.read_batch(self._file, data, spans[:, 0], lengths)
-        except StorageError as exc:
-            return tables, {g: f"read failed: {exc}" for g in missing}, 0
-        decoded = await asyncio.to_thread(self._decode, missing, spans, data)
-        for g, table in decoded.items():
-            if isinstance(table, str):
-                failed[g] = table
+        waiting: dict[int, asyncio.Future] = {}
+        missing: list[int] = []
+        for g in groups:
+            if g in self._cache:
+                self._cache.move_to_end(g)
+                decoded[g] = self._cache[g]
+            elif g in self._inflight:
+                waiting[g] = self._inflight[g]
             else:
-                tables[g] = table
-                self._remember(g, table)
-        return tables, failed, int(lengths.sum())
+                missing.append(g)
+        bytes_read = 0
+        if missing:
+            bytes_read = await self._load(missing, slabs, decoded, failed)
+        if waiting:
+            # wait() (not await fut) so that cancelling this batch leaves the owner's futures alone
+            await asyncio.wait(list(waiting.values()))
+            retry = []
+            for g, future in waiting.items():
+                if future.cancelled():
+                    retry.append(g)
+                elif isinstance(future.result(), str):
+                    failed[g] = future.result()
+                else:
+                    decoded[g] = future.result()
+            if retry:
+                more, more_failed, more_bytes = await self._groups(retry, slabs)
+                decoded.update(more)
+                failed.update(more_failed)
+                bytes_read += more_bytes
+        return decoded, failed, bytes_read
 
-    def _decode(self, groups: list[int], spans: np.ndarray, data: np.ndarray) -> dict:
-        pieces, place = {}, 0
+    async def _load(
+        self, missing: list[int], slabs: SlabPool, decoded: dict[int, _Group], failed: dict
+    ) -> int:
+        """Read and decode ``missing`` (registered in flight meanwhile); the bytes read."""
+        loop = asyncio.get_running_loop()
+        futures = {g: loop.create_future() for g in missing}
+        self._inflight.update(futures)
+        try:
+            spans = self._spans[missing]
+            lengths = spans[:, 1] - spans[:, 0]
+            data = slabs.acquire(int(lengths.sum()))
+            assert self._engine is not None and self._file is not None
+            try:
+                await self._engine.read_batch(self._file, data, spans[:, 0], lengths)
+            except StorageError as exc:
+                results: dict[int, _Group | str] = {g: f"read failed: {exc}" for g in missing}
+            else:
+                # Groups decode in parallel chunks (pyarrow releases the GIL while decoding), and
+                # each chunk's groups are published as soon as it is done.
+                step = -(-len(missing) // min(_DECODE_CHUNKS, len(missing)))
+                chunks = [
+                    range(i, min(i + step, len(missing))) for i in range(0, len(missing), step)
+                ]
+                tasks = [
+                    asyncio.ensure_future(
+                        asyncio.to_thread(
+                            self._decode,
+                            [missing[i] for i in c],
+                            spans[c.start : c.stop],
+                            data,
+                            int(lengths[: c.start].sum()),
+                        )
+                    )
+                    for c in chunks
+                ]
+                try:
+                    for done in asyncio.as_completed(tasks):
+                        self._publish(await done, futures, decoded, failed)
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                return int(lengths.sum())
+            self._publish(results, futures, decoded, failed)
+            return 0
+        finally:
+            for g, future in futures.items():
+                if not future.done():
+                    future.cancel()
+                if self._inflight.get(g) is future:
+                    del self._inflight[g]
+
+    def _publish(
+        self, results: dict, futures: dict[int, asyncio.Future], decoded: dict, failed: dict
+    ) -> None:
+        for g, result in results.items():
+            if isinstance(result, str):
+                failed[g] = result
+            else:
+                decoded[g] = result
+                self._remember(g, result)
+            futures[g].set_result(result)
+
+    def _decode(self, groups: list[int], spans: np.ndarray, data: np.ndarray, place: int) -> dict:
+        """Decode ``groups``, whose spans lie back to back in ``data`` from ``place`` on."""
+        pieces = {}
         for start, end in spans.tolist():
             pieces[start] = memoryview(data[place : place + end - start])
             place += end - start
         fetched = _FetchedSpans(pieces, self.name, self._size_bytes)
         reader = pq.ParquetFile(fetched, metadata=self._meta, page_checksum_verification=True)
-        out: dict[int, pa.Table | str] = {}
+        out: dict[int, _Group | str] = {}
         for g in groups:
             try:
-                out[g] = reader.read_row_group(g, columns=self.columns)
+                table = reader.read_row_group(g, columns=self.columns, use_threads=False)
             except (pa.ArrowException, OSError) as exc:
                 out[g] = f"row group {g} cannot be decoded: {exc}"
+            else:
+                out[g] = _Group(table, self.columns)
         return out
 
-    def _remember(self, group: int, table: pa.Table) -> None:
-        self._cache[group] = table
-        self._cached_bytes += table.nbytes
+    def _remember(self, group: int, decoded: _Group) -> None:
+        self._cache[group] = decoded
+        self._cached_bytes += decoded.nbytes
         while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
+
+
+class _Group:
+    """One decoded row group, column by column in the form batches are gathered from: a numpy
+    array (numeric, no nulls) or a list of Python values (converted once per group, in the
+    decode thread, instead of once per batch that touches the group)."""
+
+    __slots__ = ("columns", "nbytes")
+
+    def __init__(self, table: pa.Table, names: list[str]) -> None:
+        self.columns: dict[str, np.ndarray | list] = {}
+        self.nbytes = table.nbytes
+        for name in names:
+            column = table.column(name)
+            numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+            if numeric and column.null_count == 0:
+                self.columns[name] = column.to_numpy()
+            else:
+                self.columns[name] = column.to_pylist()
+                self.nbytes += _PY_OBJECT_BYTES * len(column)
+
+
+_DECODE_CHUNKS = 4  # decode threads per read: the first batches of an epoch miss most groups
+_PY_OBJECT_BYTES = 64  # rough per-value cost of a Python object and its list slot
 
 
 class _FetchedSpans(io.RawIOBase):
