@@ -83,7 +83,7 @@ def run_fmnist(out: Path, quick: bool, rounds: int, notes: list[str]) -> list[Ru
             def ours(workers: int = workers, seed: int = seed) -> tuple:
                 source = FixedSizeSource(path, RECORD_BYTES)
                 loader = ShuffledLoader(
-                    source, BATCH, seed=seed, transform=decode, num_workers=max(workers, 1)
+                    source, BATCH, seed=seed, transform=decode, num_workers=workers
                 )
                 return iter(loader), loader.close
 

@@ -130,7 +130,7 @@ def _ours(path: Path, workers: int, seed: int):
     def start() -> tuple:
         source = ParquetSource(path, columns=["text"])
         loader = ShuffledLoader(
-            source, BATCH, seed=seed, transform=sample_tokens, num_workers=max(workers, 1)
+            source, BATCH, seed=seed, transform=sample_tokens, num_workers=workers
         )
         return iter(loader), loader.close
 

@@ -72,7 +72,7 @@ class BatchAssembler:
             value = self._zero_copy(batch, keep)
             return Assembled(value, len(batch), len(batch.errors), batch.bytes_read)
         positions = keep if keep is not None else range(len(batch))
-        samples = [batch.sample(j) for j in positions]
+        samples = batch.samples(positions)
         skipped = len(batch.errors)
         if self.transform is not None:
             samples, failed = self._apply_transform(batch, positions, samples)

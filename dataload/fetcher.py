@@ -5,7 +5,8 @@ a ``concurrent.futures.Future``. Every submitted batch becomes a task on the loo
 reads go to the engine together (io_uring: batches started in one loop iteration share one
 submission) and complete in any order, so while the consumer works on batch k, the reads of
 batches k+1 .. k+prefetch are all in flight. Assembly with per-sample Python (a transform, a
-collate_fn) runs in a pool of decode threads, so the loop keeps the device busy meanwhile.
+collate_fn) runs in a pool of decode threads, so the loop keeps the device busy meanwhile -- or,
+with ``decode_threads=0``, in the consumer's thread when it takes the batch (``complete``).
 
 Concurrency: ``submit`` and ``close`` are thread-safe; everything else runs on the loop thread.
 Invariants: after ``close`` returns, the thread has exited, every file and the engine are closed,
@@ -54,6 +55,7 @@ class Fetcher:
             self._make_engine = engine
         else:
             self._make_engine = lambda: create_engine(engine, queue_depth)
+        self._inline = decode_threads == 0
         self._decode_threads = max(1, decode_threads)
         self._slabs = SlabPool(max_slabs)
         self._loop = asyncio.new_event_loop()
@@ -100,6 +102,8 @@ class Fetcher:
 
     async def _fetch(self, indices: np.ndarray) -> Any:
         batch = await self.source.read(indices, self._slabs)
+        if self._inline and (self.assembler.heavy or self.finish is not None):
+            return _Unassembled(batch)  # assembled by the consumer, in complete()
         if self.assembler.heavy or self.finish is not None:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._decode, self._assemble, batch)
@@ -112,6 +116,14 @@ class Fetcher:
         return assembled
 
     # ----------------------------------------------------------------- any thread
+    def complete(self, result: Any) -> Assembled:
+        """The assembled batch of a submitted future's ``result``: with ``decode_threads=0`` the
+        transform and collate run here, in the consumer's thread (like DataLoader's
+        ``num_workers=0``: no hand-off between threads per batch)."""
+        if isinstance(result, _Unassembled):
+            return self._assemble(result.batch)
+        return result
+
     def submit(self, indices: np.ndarray) -> concurrent.futures.Future[Assembled]:
         """Start reading and assembling the batch ``indices``; its result comes in the future."""
         with self._lock:
@@ -141,3 +153,12 @@ class Fetcher:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class _Unassembled:
+    """A batch read but not yet assembled (``decode_threads=0``)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch

@@ -55,8 +55,9 @@ class ShuffledLoader:
             initialised, else 0 of 1. ``rank_remainder``: "pad" (repeat a few samples so every
             rank gets the same count) or "drop" (leave the remainder out).
         transform: per-sample function (bytes view or ``{column: value}`` in, anything out), run
-            in ``num_workers`` decode threads; ``collate_fn`` combines a batch (default: one
-            zero-copy tensor for equal-size samples, else torch's ``default_collate``).
+            in ``num_workers`` decode threads (0: in the iterating thread, as DataLoader's
+            ``num_workers=0`` does; reads still run ahead); ``collate_fn`` combines a batch
+            (default: one zero-copy tensor for equal-size samples, else ``default_collate``).
         prefetch_batches: batches in flight beyond the one being consumed.
         pin_memory: copy batches into pinned memory in the decode thread -- only when CUDA is
             available; without CUDA it does nothing (``stats()["pin_memory"]`` says so).
@@ -163,7 +164,7 @@ class ShuffledLoader:
         assert (epoch, start) == (self._epoch, self._consumed), "prefetch out of step"
         started_s = time.perf_counter()
         try:
-            assembled = future.result(self.timeout_s)
+            result = future.result(self.timeout_s)
         except concurrent.futures.TimeoutError:
             self._pending.appendleft((epoch, start, count, future))
             raise TimeoutError(f"no batch within {self.timeout_s} s") from None
@@ -171,6 +172,11 @@ class ShuffledLoader:
             self._seek(self._epoch, self._consumed)  # a retry re-reads the failed batch
             raise
         waited_s = time.perf_counter() - started_s
+        try:
+            assembled = self._fetcher.complete(result)  # assembles here when num_workers=0
+        except BaseException:
+            self._seek(self._epoch, self._consumed)
+            raise
         self._consumed += count
         self._stats.record(waited_s, assembled.samples, assembled.skipped, assembled.bytes_read)
         self._fill()

@@ -64,6 +64,32 @@ class SampleBatch:
         view = self.data[start : start + int(self.sizes[position])]  # type: ignore[index]
         return view if self.labels is None else (view, int(self.labels[position]))
 
+    def samples(self, positions: Any = None) -> list[Any]:
+        """``[self.sample(j) for j in positions]`` (default: all), without per-sample numpy
+        scalar work: rows of a packed batch are split in one reshape, other spans sliced from
+        Python ints."""
+        if positions is None:
+            positions = range(len(self))
+        if self.columns is not None:
+            names = list(self.columns)
+            columns = [self.columns[name] for name in names]
+            return [{name: c[j] for name, c in zip(names, columns, strict=True)} for j in positions]
+        assert self.data is not None and self.starts is not None and self.sizes is not None
+        n = len(self)
+        if self.packed and n:
+            size = int(self.sizes[0])
+            rows = list(self.data[: n * size].reshape(n, size))
+            views = rows if isinstance(positions, range) and len(positions) == n else None
+            if views is None:
+                views = [rows[j] for j in positions]
+        else:
+            starts, sizes, data = self.starts.tolist(), self.sizes.tolist(), self.data
+            views = [data[starts[j] : starts[j] + sizes[j]] for j in positions]
+        if self.labels is None:
+            return views
+        labels = self.labels.tolist()
+        return [(view, labels[j]) for view, j in zip(views, positions, strict=True)]
+
 
 class Source(abc.ABC):
     """Base of every source. Subclasses set ``name`` and implement ``__len__`` and ``read``.

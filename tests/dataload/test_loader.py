@@ -224,3 +224,33 @@ def test_slabs_are_reused_only_after_the_batch_is_dropped(stamped) -> None:
         for batch in loader:
             del batch  # dropped at once: slabs come back
         assert loader._fetcher._slabs.allocated - allocated <= 4
+
+
+def test_num_workers_0_assembles_in_the_iterating_thread(stamped) -> None:
+    source = FixedSizeSource(stamped(60), STAMP_BYTES)
+    threads: set[int] = set()
+
+    def decode(raw: np.ndarray) -> int:
+        threads.add(threading.get_ident())
+        return int(raw.view("<i8")[0])
+
+    with ShuffledLoader(source, 8, seed=4, transform=decode, num_workers=0) as loader:
+        inline = [batch.tolist() for batch in loader]
+    assert threads == {threading.get_ident()}
+    with ShuffledLoader(source, 8, seed=4, transform=decode, num_workers=2) as loader:
+        assert [batch.tolist() for batch in loader] == inline
+
+    def picky(raw: np.ndarray) -> int:
+        index = int(raw.view("<i8")[0])
+        if index == 13:
+            raise ValueError("undecodable")
+        return index
+
+    with ShuffledLoader(source, 8, transform=picky, num_workers=0, on_error="skip") as loader:
+        assert sorted(i for batch in loader for i in batch.tolist()) == [
+            i for i in range(60) if i != 13
+        ]
+    with ShuffledLoader(source, 8, transform=picky, num_workers=0) as loader:
+        with pytest.raises(TransformError, match="sample 13"):
+            list(loader)
+        assert loader.state_dict()["samples_consumed"] % 8 == 0  # the failed batch is not consumed

@@ -163,3 +163,60 @@ def test_index_past_the_end_for_every_source_kind(tmp_path: Path) -> None:
     write_lmdb(tmp_path / "db", [b"a"])
     with pytest.raises(SampleIndexError):
         read_samples(LmdbSource(tmp_path / "db"), [-1])
+
+
+def test_parquet_row_groups_are_decoded_once_with_deep_prefetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrently prefetched batches share a row group being decoded instead of decoding it
+    again; a batch cancelled mid-read (resume elsewhere) leaves no stuck in-flight group."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(model_table(), path, row_group_size=25)  # 20 groups, every batch hits most
+    decoded: list[int] = []
+    original = ParquetSource._decode
+
+    def counting(self, groups, *args):
+        decoded.extend(groups)
+        return original(self, groups, *args)
+
+    monkeypatch.setattr(ParquetSource, "_decode", counting)
+    with ShuffledLoader(ParquetSource(path), 32, seed=3, prefetch_batches=8) as loader:
+        ids = [int(i) for batch in loader for i in batch["id"]]
+    assert sorted(ids) == list(range(ROWS))
+    assert sorted(decoded) == list(range(20))
+    rows = model_rows()
+    tiny = ParquetSource(path, cache_bytes=1)  # nearly every batch reads and decodes again
+    with ShuffledLoader(tiny, 32, seed=3, prefetch_batches=8) as loader:
+        for _ in range(5):
+            state = loader.state_dict()
+            first = next(iter(loader))
+            loader.load_state_dict(state)  # cancels the batches in flight, reads mid-decode
+            again = next(iter(loader))
+            assert again["id"].tolist() == first["id"].tolist()
+            assert again["text"] == [rows[i]["text"] for i in first["id"].tolist()]
+            assert again["maybe"] == [rows[i]["maybe"] for i in first["id"].tolist()]
+            assert again["x"].tolist() == [rows[i]["x"] for i in first["id"].tolist()]
+
+
+def test_sample_batch_samples_matches_sample() -> None:
+    from dataload.source import SampleBatch
+
+    data = np.arange(40, dtype=np.uint8)
+    indices = np.arange(5, dtype=np.int64)
+    packed = SampleBatch(indices, data, np.arange(0, 40, 8), np.full(5, 8), packed=True)
+    gaps = SampleBatch(indices, data, np.array([0, 9, 17, 20, 33]), np.array([3, 8, 0, 5, 7]))
+    labelled = SampleBatch(indices, data, np.arange(0, 40, 8), np.full(5, 8), packed=True)
+    labelled.labels = np.array([4, 3, 2, 1, 0])
+    table = SampleBatch(indices, columns={"a": np.arange(5) * 2, "b": list("vwxyz")})
+    for batch in (packed, gaps, labelled, table):
+        for positions in (None, [0, 2, 3], [4, 1]):
+            expected = [batch.sample(j) for j in (positions or range(5))]
+            got = batch.samples(positions)
+            if batch.labels is not None:
+                assert [(v.tolist(), label) for v, label in got] == [
+                    (v.tolist(), label) for v, label in expected
+                ]
+            elif batch.columns is not None:
+                assert got == expected
+            else:
+                assert [v.tolist() for v in got] == [v.tolist() for v in expected]
