@@ -7,12 +7,19 @@ the batch in one ``read_batch``, completing in any order. pyarrow then decodes t
 memory (a file object that serves only the fetched spans: any other read is a bug, not a silent
 fallback). Decoded row groups stay in an LRU cache of ``cache_bytes``, so amplification is one
 row group per miss. Small row groups (the writer's ``row_group_size``) make random access cheap.
+A group is kept in the form batches are gathered from -- numpy for null-free numeric columns,
+Python values otherwise, converted once per group -- so a batch costs one list lookup (or one
+numpy gather per group) per row, not a pyarrow ``take`` and ``to_pylist`` per group it touches.
+A group that concurrently prefetched batches all miss is read and decoded once: the first
+registers an in-flight future, the others wait for it.
 
 Corrupt pages (page checksums are verified when the file has them) make every sample of that
 row group in the batch a CorruptSampleError.
 
-Concurrency: ``read`` runs on the engine's loop; decoding runs in a worker thread
-(``asyncio.to_thread``); the cache is only touched from the loop thread.
+Concurrency: ``read`` runs on the engine's loop; decoding runs in worker threads
+(``asyncio.to_thread``, up to ``_DECODE_CHUNKS`` per read, single-threaded pyarrow each: the
+first batches of an epoch miss most groups); the cache and the in-flight map are only touched
+from the loop thread.
 """
 
 from __future__ import annotations
