@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from dataload.errors import SampleError, SampleReadError, SourceFormatError
 from dataload.slabs import SlabPool
-from dataload.source import SampleBatch, Source
+from dataload.source import FileSource, SampleBatch
 from tiers.engine import FileHandle, IOEngine
 from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
 
@@ -44,7 +44,7 @@ def _kind(arrow_type: pa.DataType) -> tuple[str, int]:
     return "", 0
 
 
-class ArrowSource(Source):
+class ArrowSource(FileSource):
     """Rows of the Arrow IPC file ``path`` (``columns``, default all) as ``{column: value}``."""
 
     def __init__(self, path: str | os.PathLike[str], columns: list[str] | None = None) -> None:
@@ -104,15 +104,6 @@ class ArrowSource(Source):
 
     def __len__(self) -> int:
         return int(self._first_rows[-1])
-
-    async def open(self, engine: IOEngine) -> None:
-        self._engine = engine
-        self._file = await engine.open(self.path)
-
-    async def close(self) -> None:
-        if self._file is not None and self._engine is not None and not self._engine.closed:
-            await self._engine.close_file(self._file)
-        self._file = None
 
     async def read(self, indices: np.ndarray, slabs: SlabPool) -> SampleBatch:
         indices = self.check_indices(indices)

@@ -35,14 +35,14 @@ import pyarrow.parquet as pq
 
 from dataload.errors import CorruptSampleError, SampleError, SourceFormatError
 from dataload.slabs import SlabPool
-from dataload.source import SampleBatch, Source
+from dataload.source import FileSource, SampleBatch
 from tiers.engine import FileHandle, IOEngine
 from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
 
 __all__ = ["ParquetSource"]
 
 
-class ParquetSource(Source):
+class ParquetSource(FileSource):
     """Rows of ``path`` (the ``columns`` given, default all) as ``{column: value}`` samples."""
 
     def __init__(
@@ -92,15 +92,9 @@ class ParquetSource(Source):
         return int(self._first_rows[-1])
 
     async def open(self, engine: IOEngine) -> None:
-        self._engine = engine
         self._cache, self._cached_bytes = OrderedDict(), 0  # per loader: no sharing across loops
         self._inflight = {}
-        self._file = await engine.open(self.path)
-
-    async def close(self) -> None:
-        if self._file is not None and self._engine is not None and not self._engine.closed:
-            await self._engine.close_file(self._file)
-        self._file = None
+        await super().open(engine)
 
     async def read(self, indices: np.ndarray, slabs: SlabPool) -> SampleBatch:
         indices = self.check_indices(indices)

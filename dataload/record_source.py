@@ -23,7 +23,7 @@ import numpy as np
 from dataload.errors import CorruptSampleError, SourceFormatError
 from dataload.record_format import HEADER_SIZE_BYTES, RecordHeader, parse_index
 from dataload.slabs import SlabPool
-from dataload.source import SampleBatch, Source, sample_errors_from
+from dataload.source import FileSource, SampleBatch, sample_errors_from
 from tiers.buffers import PAGE_SIZE_BYTES
 from tiers.engine import FileHandle, IOEngine
 from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
@@ -33,7 +33,7 @@ __all__ = ["FixedSizeSource", "RecordFileSource"]
 _ALIGN = PAGE_SIZE_BYTES
 
 
-class _OffsetSource(Source):
+class _OffsetSource(FileSource):
     """Shared reading logic; subclasses fill ``_offsets``/``_sizes`` or the fixed geometry."""
 
     def __init__(self, path: str | os.PathLike[str], direct: bool) -> None:
@@ -46,15 +46,6 @@ class _OffsetSource(Source):
         self._offsets: np.ndarray | None = None  # variable geometry
         self._sizes: np.ndarray | None = None
         self._crcs: np.ndarray | None = None  # set when checksums are to be verified
-
-    async def open(self, engine: IOEngine) -> None:
-        self._engine = engine
-        self._file = await engine.open(self.path, direct=self.direct)
-
-    async def close(self) -> None:
-        if self._file is not None and self._engine is not None and not self._engine.closed:
-            await self._engine.close_file(self._file)
-        self._file = None
 
     def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
         if self._offsets is None:

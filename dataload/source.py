@@ -28,10 +28,10 @@ from dataload.errors import (
     SampleReadError,
 )
 from dataload.slabs import SlabPool
-from tiers.engine import IOEngine
+from tiers.engine import FileHandle, IOEngine
 from tiers.errors import StorageError
 
-__all__ = ["SampleBatch", "Source", "read_samples"]
+__all__ = ["FileSource", "SampleBatch", "Source", "read_samples"]
 
 
 @dataclass
@@ -126,6 +126,24 @@ class Source(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {len(self)} samples)"
+
+
+class FileSource(Source):
+    """A source backed by one file, opened on the loader's engine (``direct``: O_DIRECT)."""
+
+    path: str
+    direct: bool = False
+    _engine: IOEngine | None = None
+    _file: FileHandle | None = None
+
+    async def open(self, engine: IOEngine) -> None:
+        self._engine = engine
+        self._file = await engine.open(self.path, direct=self.direct)
+
+    async def close(self) -> None:
+        if self._file is not None and self._engine is not None and not self._engine.closed:
+            await self._engine.close_file(self._file)
+        self._file = None
 
 
 def sample_errors_from(
