@@ -37,7 +37,7 @@ from tiers.crash_log import CrashLog, PowerCutReport, UnsyncedWrite
 from tiers.engine import FileHandle, IOEngine
 from tiers.errors import EngineClosedError, InvalidArgumentError, error_from_errno
 
-__all__ = ["FAULT_KINDS", "FaultKind", "FaultyEngine", "PowerCutReport"]
+__all__ = ["FAULT_KINDS", "FaultKind", "FaultyEngine", "PowerCutAt", "PowerCutReport"]
 
 FaultKind = Literal["eio", "eio_read", "eio_write", "short_read", "enospc", "eio_fsync"]
 FAULT_KINDS: tuple[str, ...] = ("eio", "eio_read", "eio_write", "short_read", "enospc", "eio_fsync")
@@ -298,3 +298,23 @@ class FaultyEngine(IOEngine):
         out = {**self.inner.stats(), "engine": self.name}
         out.update({f"injected_{kind}": n for kind, n in sorted(self.injected.items())})
         return out
+
+
+class PowerCutAt(FaultyEngine):
+    """Loses power right before its ``cut_at``-th batch (``keep`` as in ``power_cut``):
+    crash tests run a workload once uncut to count ``batches``, then cut at chosen points."""
+
+    def __init__(
+        self, inner: IOEngine, cut_at: int, *, seed: int = 0,
+        keep: Literal["none", "random"] = "random",
+    ) -> None:  # fmt: skip
+        super().__init__(inner, seed=seed)
+        self.cut_at = cut_at
+        self.keep: Literal["none", "random"] = keep
+        self.batches = 0
+
+    async def run(self, batch: IOBatch) -> None:
+        self.batches += 1
+        if self.batches == self.cut_at:
+            await self.power_cut(self.keep)
+        await super().run(batch)

@@ -19,9 +19,8 @@ import pytest
 
 from tests.tiers import nvme_crash_writer as writer
 from tests.tiers.test_nvme import assert_space_consistent
-from tiers.batch import IOBatch
 from tiers.errors import EngineClosedError
-from tiers.faulty import FaultyEngine
+from tiers.faulty import PowerCutAt
 from tiers.nvme import NvmeTier
 from tiers.threaded import ThreadEngine
 from tiers.tier_testing import as_bytes
@@ -29,22 +28,6 @@ from tiers.tier_testing import as_bytes
 CAPACITY_BYTES = 256 * 1024
 EXTENT_FILE_BYTES = 128 * 1024
 Chains = dict[str, list[tuple[str, int]]]  # key -> its operations, run one after another
-
-
-class _CutAt(FaultyEngine):
-    """Loses power right before its ``cut_at``-th batch; a random half of the writes not yet
-    fsynced survive (each whole), as when a disk got some of its cache out in time."""
-
-    def __init__(self, cut_at: int, seed: int) -> None:
-        super().__init__(ThreadEngine(4), seed=seed)
-        self.cut_at = cut_at
-        self.batches = 0
-
-    async def run(self, batch: IOBatch) -> None:
-        self.batches += 1
-        if self.batches == self.cut_at:
-            await self.power_cut("random")
-        await super().run(batch)
 
 
 def _chains(seed: int) -> Chains:
@@ -65,7 +48,7 @@ def _value(seed: int, key: str, index: int, size: int) -> bytes:
 async def _run_with_cut(directory: Path, seed: int, cut_at: int) -> tuple[dict[str, bytes], int]:
     """Run the chains of ``seed`` concurrently until the power cut; returns the acknowledged
     state and the number of engine batches issued."""
-    engine = _CutAt(cut_at, seed)
+    engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed)
     acked: dict[str, bytes] = {}
     try:
         tier = await NvmeTier.open(

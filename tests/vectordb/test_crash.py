@@ -18,31 +18,14 @@ import pytest
 
 from tests.vectordb import crash_writer as writer
 from tests.vectordb.helpers import clustered
-from tiers.batch import IOBatch
 from tiers.errors import CorruptionError, EngineClosedError
-from tiers.faulty import FaultyEngine
+from tiers.faulty import PowerCutAt
 from tiers.threaded import ThreadEngine
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.index import POSTINGS_FILE
 
 EVERYTHING = SearchParams(max_postings=100_000, prune_ratio=1e9)
 CONFIG = IndexConfig(dim=writer.DIM, posting_limit=32, merge_threshold=3, reassign_neighbours=8)
-
-
-class _CutAt(FaultyEngine):
-    """Loses power right before its ``cut_at``-th batch; a random subset of unsynced writes
-    survives, each whole."""
-
-    def __init__(self, cut_at: int, seed: int) -> None:
-        super().__init__(ThreadEngine(4), seed=seed)
-        self.cut_at = cut_at
-        self.batches = 0
-
-    async def run(self, batch: IOBatch) -> None:
-        self.batches += 1
-        if self.batches == self.cut_at:
-            await self.power_cut("random")
-        await super().run(batch)
 
 
 async def _create(directory: Path) -> None:
@@ -84,7 +67,7 @@ def test_power_cut_at_many_points_keeps_every_acknowledged_update(
     ops = writer.schedule(seed)[:16]
 
     async def run(directory: Path, cut_at: int) -> tuple[int, int]:
-        engine = _CutAt(cut_at, seed)
+        engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed)
         acked = 0
         try:
             index = await SpannIndex.open(directory, engine=engine)
