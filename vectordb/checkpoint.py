@@ -15,12 +15,13 @@ or not); after 3, the new checkpoint. Open = load the checkpoint, replay segment
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING
 
 from tiers.errors import FileMissingError
 from vectordb.meta import Checkpoint
 from vectordb.version_map import VersionMap
-from vectordb.wal import DELETE, list_segments, read_segment
+from vectordb.wal import DELETE, list_segments, read_segment, segment_name
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
@@ -82,7 +83,7 @@ async def load_checkpoint(index: SpannIndex) -> None:
     segments = [seq for seq in list_segments(index.directory) if seq >= start_seq] or [start_seq]
     valid_bytes = 0
     for seq in segments:
-        path = f"{index.directory}/wal-{seq:08d}.log"
+        path = os.path.join(index.directory, segment_name(seq))
         try:
             records, valid_bytes = read_segment(path, index.config.dim, index.config.numpy_dtype)
         except FileMissingError:

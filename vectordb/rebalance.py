@@ -46,7 +46,9 @@ async def _split(index: SpannIndex, pid: int) -> list[int]:
     stored = records["vector"].copy()
     limit = config.posting_limit
     if len(records) <= limit:  # stale copies were the excess: rewrite without them
-        await index.store.write([PostingItem(pid, ids, versions, stored, _cap(len(ids), limit))])
+        await index.store.write(
+            [PostingItem(pid, ids, versions, stored, posting_capacity(len(ids), limit))]
+        )
         return []
     vectors = stored.astype(np.float32)
     labels = two_means(vectors, config.seed + pid)
@@ -60,7 +62,7 @@ async def _split(index: SpannIndex, pid: int) -> list[int]:
         new_pids.append(new_pid)
         new_heads.append(vectors[head_row])
         items.append(PostingItem(new_pid, ids[rows], versions[rows], stored[rows]))
-        items[-1].capacity = _cap(len(rows), limit)
+        items[-1].capacity = posting_capacity(len(rows), limit)
     await index.store.write(items)
     index.store.drop(pid)
     index.navigator.remove([pid])
@@ -178,7 +180,3 @@ def _rowwise(metric: Metric, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         diff = a - b
         return np.einsum("ij,ij->i", diff, diff)
     return -np.einsum("ij,ij->i", a, b)
-
-
-def _cap(n: int, limit: int) -> int:
-    return posting_capacity(n, limit)

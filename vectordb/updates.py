@@ -24,7 +24,7 @@ import numpy as np
 
 from vectordb.clustering import select_heads
 from vectordb.errors import DuplicateIdError, InvalidVectorsError
-from vectordb.metric import Metric, pairwise_distances, prepare
+from vectordb.metric import Metric, prepare
 from vectordb.placement import place
 from vectordb.posting_store import PostingItem
 from vectordb.rebalance import merge_lists, split_lists
@@ -129,8 +129,3 @@ async def _maybe_checkpoint(index: SpannIndex) -> None:
         from vectordb.checkpoint import checkpoint
 
         await checkpoint(index)
-
-
-def nearest_of(metric: Metric, vectors: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    """Distances [n, len(heads)] in the index's internal metric."""
-    return pairwise_distances(metric, np.asarray(vectors, np.float32), heads)
