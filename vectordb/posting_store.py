@@ -29,7 +29,7 @@ import numpy as np
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from vectordb.page_space import PageSpace
-from vectordb.posting_format import PAGE_BYTES, decode, encode, record_dtype, verify_many
+from vectordb.posting_format import PAGE_BYTES, encode, record_dtype, verify_many
 
 __all__ = ["PostingBatch", "PostingItem", "PostingStore"]
 
@@ -120,20 +120,12 @@ class PostingStore:
         return buffer, buffer_pages[:-1] * PAGE_BYTES, counts
 
     async def read(self, pids: np.ndarray) -> PostingBatch:
-        """The lists' records, verified, concatenated into one array."""
+        """The lists' records, verified, copied into one array (for rewrites, not searches)."""
         pids = np.asarray(pids, np.int64)
-        buffer, byte_offsets, counts = await self._read_raw(pids)
+        views = await self.read_views(pids)
         starts = np.zeros(len(pids) + 1, np.int64)
-        np.cumsum(counts, out=starts[1:])
-        total = int(starts[-1])
-        raw = np.empty(total * self.rec_bytes, np.uint8)
-        sizes = counts * self.rec_bytes
-        out_offsets = starts[:-1] * self.rec_bytes
-        for src, dst, size in zip(
-            byte_offsets.tolist(), out_offsets.tolist(), sizes.tolist(), strict=True
-        ):
-            raw[dst : dst + size] = buffer[src : src + size]
-        records = decode(raw, total, self.dtype, np.repeat(pids, counts))
+        np.cumsum([len(v) for v in views], out=starts[1:])
+        records = np.concatenate(views) if views else np.zeros(0, self.dtype)
         return PostingBatch(pids, records, starts)
 
     async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:

@@ -120,11 +120,12 @@ def _score_list(
     vectors = records["vector"]
     if vectors.dtype != np.float32:
         vectors = vectors.astype(np.float32)
-    dist = vectors @ queries[who].T  # [records, queries]
+    mine = queries[who]
+    dist = vectors @ mine.T  # [records, queries]
     if metric is Metric.L2:
         dist *= -2.0
         dist += np.einsum("ij,ij->i", vectors, vectors)[:, None]
-        dist += np.einsum("ij,ij->i", queries[who], queries[who])[None, :]
+        dist += np.einsum("ij,ij->i", mine, mine)[None, :]
     else:
         np.negative(dist, out=dist)
     ids = records["id"]
