@@ -94,10 +94,9 @@ class SearchParams:
 
     max_postings: int = 8  # posting lists read per query, nearest heads first
     prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
-    candidate_factor: int = 4  # version-check this many x k nearest candidates first
 
     def __post_init__(self) -> None:
-        _positive(self, "max_postings", "candidate_factor")
+        _positive(self, "max_postings")
         if self.prune_ratio < 1.0:
             raise IndexConfigError(f"prune_ratio must be >= 1, got {self.prune_ratio}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,16 @@ class SpannIndex:
         self._lock_fd = -1
         self._file: FileHandle | None = None
         self._closed = False
+        self._scorer: ThreadPoolExecutor | None = None
+
+    @property
+    def scorer(self) -> ThreadPoolExecutor:
+        """The one thread that checks and scores read posting lists and scans half the heads
+        of a large batch (search.py), so that work overlaps the loop thread's I/O submission.
+        One thread: a second measured no faster on 2 vCPUs."""
+        if self._scorer is None:
+            self._scorer = ThreadPoolExecutor(1, thread_name_prefix="vectordb-score")
+        return self._scorer
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -158,6 +169,9 @@ class SpannIndex:
 
     async def _release(self) -> None:
         self._closed = True
+        if self._scorer is not None:
+            self._scorer.shutdown(wait=True)  # searches were awaited: it is idle
+            self._scorer = None
         if not self.engine.closed:
             await self.wal.close()
             if self._file is not None:

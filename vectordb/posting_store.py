@@ -3,8 +3,9 @@
 The directory (per posting id: first page, capacity in pages, record count) lives in memory as
 numpy arrays and goes to LMDB with every checkpoint. Layout of the records: posting_format.
 
-- ``read(pids)`` reads every listed posting in ONE I/O-core submission (one request per list,
-  page-rounded, O_DIRECT when enabled), verifies every record and returns them as one array.
+- ``begin_read(pids)`` reads every listed posting in ONE I/O-core submission (one request per
+  list, page-rounded, O_DIRECT when enabled) and hands the lists over, verified, group by group
+  (posting_reads); ``read(pids)`` returns them as one array.
 - ``write(items)`` gives each list a new run (copy-on-write: the old run is freed only after the
   next checkpoint), all runs written in one submission.
 - ``append(items)`` adds records in place when the run has room, rewriting only the page(s) the
@@ -21,6 +22,7 @@ an in-place append rewrites a tail page with the same bytes before the old count
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +31,12 @@ import numpy as np
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from vectordb.page_space import PageSpace
-from vectordb.posting_format import PAGE_BYTES, encode, record_dtype, verify_many
+from vectordb.posting_format import PAGE_BYTES, encode, record_dtype
+from vectordb.posting_reads import PostingRead
 
-__all__ = ["PostingBatch", "PostingItem", "PostingStore"]
+__all__ = ["SPARE_LIMIT_BYTES", "PostingBatch", "PostingItem", "PostingStore"]
+
+SPARE_LIMIT_BYTES = 256 << 20  # the largest search read buffer kept for reuse
 
 
 @dataclass
@@ -65,6 +70,7 @@ class PostingStore:
         self.capacity = np.zeros(0, np.int32)  # records the run can hold; 0: no list
         self.count = np.zeros(0, np.int32)
         self.counters = {"posting_reads": 0, "pages_read": 0, "bytes_read": 0, "pages_written": 0}
+        self._spare: np.ndarray | None = None  # a search's read buffer, kept for the next one
 
     # ----------------------------------------------------------------- directory
     def restore(self, start: np.ndarray, capacity: np.ndarray, count: np.ndarray) -> None:
@@ -95,29 +101,35 @@ class PostingStore:
             self.capacity[pid] = self.count[pid] = 0
 
     # ----------------------------------------------------------------- reads
-    async def _read_raw(self, pids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, byte offset of each list in it, record count of each list): one submission,
-        each list page-aligned in the buffer."""
-        counts = self.count[pids].astype(np.int64)
-        pages = self._pages(counts)
-        keep = pages > 0
-        buffer_pages = np.zeros(len(pids) + 1, np.int64)
-        np.cumsum(pages, out=buffer_pages[1:])
-        # a spare page at the end: verify_many needs one word past the last record
-        buffer = aligned_empty((int(buffer_pages[-1]) + 1) * PAGE_BYTES)
-        if keep.any():
-            await self.engine.read_batch(
-                self.file,
-                buffer,
-                self.start[pids[keep]] * PAGE_BYTES,
-                pages[keep] * PAGE_BYTES,
-                buffer_pages[:-1][keep] * PAGE_BYTES,
-            )
+    def begin_read(self, pids: np.ndarray, n_groups: int = 1, pooled: bool = False) -> PostingRead:
+        """Start reading the lists ``pids`` (one submission); see PostingRead. ``pooled``: into
+        the spare buffer if it is big enough; the caller then hands the buffer back with
+        :meth:`recycle` once nothing refers to it (no view of it may outlive that)."""
+        allocate = self._spare_or_new if pooled else aligned_empty
+        read = PostingRead(
+            self.engine, self.file, self.dtype, pids, self.start, self.count, n_groups, allocate
+        )
         c = self.counters
-        c["posting_reads"] += int(keep.sum())
-        c["pages_read"] += int(buffer_pages[-1])
-        c["bytes_read"] += int(buffer_pages[-1]) * PAGE_BYTES
-        return buffer, buffer_pages[:-1] * PAGE_BYTES, counts
+        c["posting_reads"] += read.requests
+        c["pages_read"] += read.pages_read
+        c["bytes_read"] += read.pages_read * PAGE_BYTES
+        return read
+
+    def _spare_or_new(self, size_bytes: int) -> np.ndarray:
+        spare, self._spare = self._spare, None
+        if spare is not None and len(spare) >= size_bytes:
+            return spare
+        # new memory is slow to touch the first time (page faults; in a VM, the host backing
+        # it): round up, so a slightly larger next batch still fits
+        return aligned_empty(-(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES)
+
+    def recycle(self, buffer: np.ndarray) -> None:
+        """Keep a pooled read's buffer for the next one (one spare of at most
+        ``SPARE_LIMIT_BYTES``; the larger is kept)."""
+        if len(buffer) <= SPARE_LIMIT_BYTES and (
+            self._spare is None or len(buffer) > len(self._spare)
+        ):
+            self._spare = buffer
 
     async def read(self, pids: np.ndarray) -> PostingBatch:
         """The lists' records, verified, copied into one array (for rewrites, not searches)."""
@@ -129,16 +141,12 @@ class PostingStore:
         return PostingBatch(pids, records, starts)
 
     async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:
-        """The lists' records, verified, as one view per list into the read buffer (no copy:
-        the search path, where the bytes are touched once)."""
-        pids = np.asarray(pids, np.int64)
-        buffer, byte_offsets, counts = await self._read_raw(pids)
-        verify_many(buffer, byte_offsets, counts, self.dtype, pids)
-        size = self.rec_bytes
-        return [
-            buffer[offset : offset + n * size].view(self.dtype)
-            for offset, n in zip(byte_offsets.tolist(), counts.tolist(), strict=True)
-        ]
+        """The lists' records, verified, as one view per list into the read buffer."""
+        read = self.begin_read(np.asarray(pids, np.int64))
+        async with aclosing(read.groups()) as groups:
+            async for _ in groups:
+                pass
+        return read.views(0, len(read.pids))
 
     # ----------------------------------------------------------------- writes
     async def write(self, items: list[PostingItem]) -> None:
@@ -243,4 +251,9 @@ class PostingStore:
         await self.engine.fsync(self.file, datasync=True)
 
     def stats(self) -> dict[str, int]:
-        return {**self.counters, **self.space.stats(), "postings": int((self.capacity > 0).sum())}
+        return {
+            **self.counters,
+            **self.space.stats(),
+            "postings": int((self.capacity > 0).sum()),
+            "spare_buffer_bytes": 0 if self._spare is None else len(self._spare),
+        }

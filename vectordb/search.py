@@ -2,14 +2,19 @@
 
 For a batch of queries:
 
-1. the navigator gives each query its ``max_postings`` nearest heads;
+1. the navigator gives each query its ``max_postings`` nearest heads (a large batch split over
+   the loop and scoring threads; numpy's BLAS held to one thread meanwhile: blas_threads);
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
 3. the union of the lists over the whole batch is read in ONE I/O-core submission (a list two
-   queries need is read once) and every record's check word is verified;
-4. stale copies (older version) and deleted ids are masked out with one version-map lookup;
-5. per query, exact distances to the records of its lists, duplicates (replicas) dropped, the
-   best ``k`` kept.
+   queries need is read once) and every record's check word is verified; the lists arrive in
+   a few groups, each checked and scored on the index's scoring thread (numpy releases the
+   GIL) while the loop thread submits and reaps the rest;
+4. exact distances per list (one matrix product with the queries that probe it), stale copies
+   (older version) and deleted ids masked out, and per query the best ``k`` distinct ids
+   (replicas counted once): scoring.ProbeScores.
+
+A very large batch is cut into chunks so the distance matrix stays within ``_CELL_BUDGET``.
 
 Lists seen with few live vectors are noted for merging (done by the next update).
 Concurrency: runs beside other searches and one updater (see posting_store for why reads
@@ -19,18 +24,26 @@ stay consistent); registers itself in ``index.searches`` so a checkpoint can wai
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vectordb.blas_threads import single_threaded_blas
 from vectordb.config import SearchParams
 from vectordb.errors import InvalidVectorsError
 from vectordb.metric import Metric, prepare, to_scores
+from vectordb.posting_reads import PostingRead
+from vectordb.scoring import ProbeScores
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
 
 __all__ = ["search"]
+
+_READ_GROUPS = 4  # lists are scored a group at a time while the other groups are read
+_SPLIT_NAVIGATION_AT = 64  # queries: below this the head scan runs on the loop thread alone
+_CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
 
 
 async def search(
@@ -42,7 +55,8 @@ async def search(
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
-        return await _search(index, prepare(index.metric, queries), int(k), params)
+        with single_threaded_blas():
+            return await _search(index, prepare(index.metric, queries), int(k), params)
     finally:
         index.searches.discard(done)
         done.set_result(None)
@@ -79,88 +93,71 @@ async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
 ) -> tuple[np.ndarray, np.ndarray]:
     n_queries = len(queries)
-    pids, head_dist = index.navigator.search(queries, params.max_postings)
+    pids, head_dist = _navigate(index, queries, params.max_postings)
     keep = _prune(index.metric, pids, head_dist, params.prune_ratio)
-    unique, inverse = np.unique(pids[keep], return_inverse=True)
-    probe_query = np.nonzero(keep)[0]  # the query of each kept (query, list) probe
-    lists = await index.store.read_views(unique)
-    by_list = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[by_list], np.arange(len(unique) + 1))
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    live_counts = np.zeros(len(unique), np.int64)
-    sizes = np.array([len(r) for r in lists], np.int64)
-    if sizes.sum():  # one version-map lookup for every record read
-        all_valid = index.versions.valid(
-            np.concatenate([r["id"] for r in lists]),
-            np.concatenate([r["version"] for r in lists]),
-        )
-    else:
-        all_valid = np.zeros(0, bool)
-    ends = np.cumsum(sizes)
-    for slot, records in enumerate(lists):
-        valid = all_valid[ends[slot] - sizes[slot] : ends[slot]]
-        live_counts[slot] = int(valid.sum())
-        if not live_counts[slot]:
-            continue
-        who = probe_query[by_list[bounds[slot] : bounds[slot + 1]]]
-        found.append(_score_list(index.metric, records[valid], queries, who, k))
-    _note_small_lists(index, unique, live_counts)
+    out_ids = np.full((n_queries, k), -1, np.int64)
+    out_dist = np.full((n_queries, k), np.inf, np.float32)
+    if keep.any():
+        longest = max(int(index.store.count[pids[keep]].max()), 1)
+        step = max(1, _CELL_BUDGET // (pids.shape[1] * longest))
+        for first in range(0, n_queries, step):
+            rows = slice(first, first + step)
+            out_ids[rows], out_dist[rows] = await _search_chunk(
+                index, queries[rows], pids[rows], keep[rows], k
+            )
     index.counters["queries"] += n_queries
-    out_ids, out_dist = _best_per_query(found, n_queries, k)
     return out_ids, to_scores(index.metric, out_dist)
 
 
-def _score_list(
-    metric: Metric, records: np.ndarray, queries: np.ndarray, who: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(query, id, distance) of the nearest ``k`` records of one list for each query in ``who``.
-
-    The vectors are a strided view into the read buffer: BLAS takes it as is, nothing copied
-    (uint8 lists are converted, being 4x smaller)."""
-    vectors = records["vector"]
-    if vectors.dtype != np.float32:
-        vectors = vectors.astype(np.float32)
-    mine = queries[who]
-    dist = vectors @ mine.T  # [records, queries]
-    if metric is Metric.L2:
-        dist *= -2.0
-        dist += np.einsum("ij,ij->i", vectors, vectors)[:, None]
-        dist += np.einsum("ij,ij->i", mine, mine)[None, :]
-    else:
-        np.negative(dist, out=dist)
-    ids = records["id"]
-    if len(ids) > k:
-        rows = np.argpartition(dist, k - 1, axis=0)[:k]  # [k, queries]
-        dist = np.take_along_axis(dist, rows, axis=0)
-        ids = ids[rows]
-    else:
-        ids = np.broadcast_to(ids[:, None], dist.shape)
-    return np.broadcast_to(who, dist.shape).ravel(), ids.ravel(), dist.ravel()
+def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
+    """The navigator's answer; a large batch is split between the loop thread and the scoring
+    thread. The loop thread waits without yielding, so no update can change the heads
+    meanwhile."""
+    if len(queries) < _SPLIT_NAVIGATION_AT:
+        return index.navigator.search(queries, want)
+    half = len(queries) // 2
+    other = index.scorer.submit(index.navigator.search, queries[half:], want)
+    pids, dist = index.navigator.search(queries[:half], want)
+    other_pids, other_dist = other.result()
+    return np.concatenate([pids, other_pids]), np.concatenate([dist, other_dist])
 
 
-def _best_per_query(
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_queries: int, k: int
+async def _search_chunk(
+    index: SpannIndex, queries: np.ndarray, pids: np.ndarray, keep: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, the ``k`` nearest distinct ids over all its lists (replicas counted once)."""
-    out_ids = np.full((n_queries, k), -1, np.int64)
-    out_dist = np.full((n_queries, k), np.inf, np.float32)
-    if not found:
-        return out_ids, out_dist
-    query = np.concatenate([f[0] for f in found])
-    ids = np.concatenate([f[1] for f in found])
-    dist = np.concatenate([f[2] for f in found])
-    order = np.lexsort((dist, ids, query))  # by query, then id, nearest copy first
-    query, ids, dist = query[order], ids[order], dist[order]
-    first = np.ones(len(query), bool)
-    first[1:] = (query[1:] != query[:-1]) | (ids[1:] != ids[:-1])
-    query, ids, dist = query[first], ids[first], dist[first]
-    order = np.lexsort((dist, query))
-    query, ids, dist = query[order], ids[order], dist[order]
-    rank = np.arange(len(query)) - np.searchsorted(query, query)
-    take = rank < k
-    out_ids[query[take], rank[take]] = ids[take]
-    out_dist[query[take], rank[take]] = dist[take]
-    return out_ids, out_dist
+    probe_query, probe_slot = np.nonzero(keep)
+    unique, list_of = np.unique(pids[probe_query, probe_slot], return_inverse=True)
+    by_list = np.argsort(list_of, kind="stable")
+    probe_query, probe_slot, list_of = probe_query[by_list], probe_slot[by_list], list_of[by_list]
+    bounds = np.searchsorted(list_of, np.arange(len(unique) + 1))
+    read = index.store.begin_read(unique, _READ_GROUPS, pooled=True)
+    scores = ProbeScores(
+        index.metric, queries[probe_query], list_of, bounds, int(read.counts.max(initial=0))
+    )
+    loop = asyncio.get_running_loop()
+    scoring: list[asyncio.Future[None]] = []
+    async with aclosing(read.groups(verified=False)) as groups:
+        async for first, stop in groups:
+            lists = read.views(first, stop)
+            live = ProbeScores.live_mask(lists, index.versions)
+            scoring.append(
+                loop.run_in_executor(index.scorer, _score_group, read, scores, first, lists, live)
+            )
+    outcomes = await asyncio.gather(*scoring, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    index.store.recycle(read.buffer)  # every read and every view of it is done with
+    _note_small_lists(index, unique, scores.live_counts)
+    return scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
+
+
+def _score_group(
+    read: PostingRead, scores: ProbeScores, first: int, lists: list[np.ndarray], live: np.ndarray
+) -> None:
+    """On the scoring thread: check the group's records, then score them."""
+    read.verify(first, first + len(lists))
+    scores.add(first, lists, live)
 
 
 def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:

@@ -8,7 +8,8 @@ Versions start at 1; 0 means "never seen". Deleted ids keep their tombstone so t
 copies stay invisible, and a re-insert continues from the old version.
 
 Storage: ids sorted in one int64 array with a parallel uint32 array (12 bytes per id, looked up
-with one vectorised ``searchsorted``), plus a small dict of ids added since the last merge.
+with one vectorised ``searchsorted``, or by plain indexing while the ids form one range),
+plus a small dict of ids added since the last merge.
 Concurrency: loop thread only.
 """
 
@@ -42,9 +43,15 @@ class VersionMap:
         """Current versions (uint32, 0 for ids never seen)."""
         ids = np.asarray(ids, np.int64)
         out = np.zeros(len(ids), np.uint32)
-        if len(self._ids):
+        n = len(self._ids)
+        if n and self._ids[-1] - self._ids[0] == n - 1:
+            # the sorted, distinct ids are one range (say, row numbers): index, don't search
+            pos = ids - self._ids[0]
+            hit = (pos >= 0) & (pos < n)
+            out[hit] = self._versions[pos[hit]]
+        elif n:
             pos = np.searchsorted(self._ids, ids)
-            pos_c = np.minimum(pos, len(self._ids) - 1)
+            pos_c = np.minimum(pos, n - 1)
             hit = self._ids[pos_c] == ids
             out[hit] = self._versions[pos_c[hit]]
         else:

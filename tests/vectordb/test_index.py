@@ -247,3 +247,30 @@ def test_float16_lists_keep_recall_and_refuse_overflow(tmp_path: Path) -> None:
         assert stats["raw_vector_bytes"] == 3000 * 24 * 4  # the float32 input is the base
 
     asyncio.run(main())
+
+
+def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A large batch (head scan split over two threads, distances cut into chunks, lists
+    shared between queries, the read buffer reused) answers exactly as single queries do."""
+    import vectordb.search as search_module
+
+    vectors = clustered(3000, 16, seed=11)
+    queries = clustered(150, 16, seed=12)
+
+    async def main() -> None:
+        config = IndexConfig(dim=16, metric="l2", posting_limit=48)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            params = SearchParams(max_postings=6)
+            whole = await index.search(queries, k=7, params=params)
+            assert index.stats()["spare_buffer_bytes"] > 0
+            monkeypatch.setattr(search_module, "_CELL_BUDGET", 6 * 48 * 5)  # 5-query chunks
+            chunked = await index.search(queries, k=7, params=params)
+            alone = [await index.search(q[None, :], k=7, params=params) for q in queries]
+        for found in (whole, chunked):
+            np.testing.assert_array_equal(found[0], np.concatenate([a[0] for a in alone]))
+            np.testing.assert_allclose(
+                found[1], np.concatenate([a[1] for a in alone]), rtol=1e-5, atol=1e-5
+            )
+
+    asyncio.run(main())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -176,3 +176,23 @@ def test_versions_survive_a_delete_and_restore() -> None:
     assert restored.live_count == 2
     assert restored.next_versions(ids).tolist() == [2, 5, 10]
     assert not restored.valid(np.array([20]), np.array([4]))[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    base=st.integers(-5, 5),
+    n=st.integers(1, 50),
+    gap=st.booleans(),
+    probe=st.lists(st.integers(-10, 70), max_size=40),
+)
+def test_lookup_by_range_or_search_agrees_with_a_dict(
+    base: int, n: int, gap: bool, probe: list[int]
+) -> None:
+    """Ids forming one range are looked up by indexing, others by search: same answers."""
+    ids = np.arange(base, base + n, dtype=np.int64)
+    if gap:
+        ids[n // 2 :] += 3
+    versions = np.arange(1, n + 1, dtype=np.uint32)
+    model = dict(zip(ids.tolist(), versions.tolist(), strict=True))
+    got = VersionMap(ids, versions).get(np.array(probe, np.int64))
+    assert got.tolist() == [model.get(i, 0) for i in probe]

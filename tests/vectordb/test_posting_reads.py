@@ -1,0 +1,111 @@
+"""PostingRead (a search's grouped read) on a real file through a real engine: every list is
+handed over exactly once whatever the grouping, records equal what was written, a corrupt
+page is caught (by ``groups()`` or by ``verify`` when the caller checks), and a pooled read
+reuses the buffer a finished one handed back."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.vectordb.test_posting_store import REC, _Maker, _run_store
+from tiers.buffers import aligned_empty
+from tiers.engine import FileHandle, IOEngine
+from tiers.errors import CorruptionError
+from vectordb.posting_format import PAGE_BYTES
+from vectordb.posting_store import SPARE_LIMIT_BYTES, PostingItem, PostingStore
+
+
+async def _collect(store: PostingStore, pids: np.ndarray, n_groups: int) -> dict[int, np.ndarray]:
+    read = store.begin_read(pids, n_groups)
+    seen: dict[int, np.ndarray] = {}
+    async with aclosing(read.groups()) as groups:
+        async for first, stop in groups:
+            for offset, records in enumerate(read.views(first, stop)):
+                assert first + offset not in seen, "a list handed over twice"
+                seen[first + offset] = records.copy()
+    assert sorted(seen) == list(range(len(pids)))
+    return seen
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(0, 60), min_size=1, max_size=12), groups=st.integers(1, 7))
+def test_every_list_once_whatever_the_grouping(tmp_path_factory, sizes, groups) -> None:  # type: ignore[no-untyped-def]
+    make = _Maker(1)
+    written = {pid: make(n) for pid, n in enumerate(sizes)}
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *rec) for pid, rec in written.items()])
+        pids = np.random.default_rng(len(sizes)).permutation(len(sizes)).astype(np.int64)
+        seen = await _collect(store, pids, groups)
+        for slot, pid in enumerate(pids.tolist()):
+            ids, versions, vectors = written[pid]
+            np.testing.assert_array_equal(seen[slot]["id"], ids)
+            np.testing.assert_array_equal(seen[slot]["version"], versions)
+            np.testing.assert_array_equal(seen[slot]["vector"], vectors)
+
+    _run_store(tmp_path_factory.mktemp("reads"), body)
+
+
+def test_a_corrupt_page_is_caught_with_or_without_the_caller_checking(tmp_path: Path) -> None:
+    make = _Maker(2)
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *make(30)) for pid in range(6)])
+        await store.sync()
+        page = aligned_empty(PAGE_BYTES)
+        at = np.array([int(store.start[4]) * PAGE_BYTES])
+        await engine.read_batch(file, page, at, PAGE_BYTES)
+        page[2 * REC + 30] ^= 0x01
+        await engine.write_batch(file, page, at, PAGE_BYTES)
+        pids = np.arange(6, dtype=np.int64)
+        with pytest.raises(CorruptionError, match=r"posting list 4: record 2\b"):
+            await _collect(store, pids, 3)
+        read = store.begin_read(pids, 3)
+        bad = []
+        async with aclosing(read.groups(verified=False)) as groups:
+            async for first, stop in groups:
+                try:
+                    read.verify(first, stop)
+                except CorruptionError:
+                    bad.append((first, stop))
+        assert len(bad) == 1 and bad[0][0] <= 4 < bad[0][1]
+
+    _run_store(tmp_path, body)
+
+
+def test_pooled_reads_reuse_the_recycled_buffer(tmp_path: Path) -> None:
+    make = _Maker(3)
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *make(50)) for pid in range(8)])
+        first = store.begin_read(np.arange(8, dtype=np.int64), 2, pooled=True)
+        async with aclosing(first.groups()) as groups:
+            async for _ in groups:
+                pass
+        store.recycle(first.buffer)
+        assert store.stats()["spare_buffer_bytes"] == len(first.buffer)
+        smaller = store.begin_read(np.arange(3, dtype=np.int64), 2, pooled=True)
+        assert smaller.buffer is first.buffer  # taken: the next pooled read allocates
+        assert store.stats()["spare_buffer_bytes"] == 0
+        other = store.begin_read(np.arange(3, dtype=np.int64), 1, pooled=True)
+        assert other.buffer is not first.buffer
+        async with aclosing(smaller.groups()) as groups:
+            async for a, b in groups:
+                for pid, records in zip(range(a, b), smaller.views(a, b), strict=True):
+                    assert records["id"].tolist() == store_ids[pid]
+        async with aclosing(other.groups()) as groups:
+            async for _ in groups:
+                pass
+        store.recycle(aligned_empty(SPARE_LIMIT_BYTES + PAGE_BYTES))  # too big to keep
+        assert store.stats()["spare_buffer_bytes"] == 0
+
+    store_ids: dict[int, list[int]] = {
+        pid: list(range(pid * 50, pid * 50 + 50)) for pid in range(8)
+    }
+    _run_store(tmp_path, body)

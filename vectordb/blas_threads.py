@@ -1,0 +1,72 @@
+"""numpy's BLAS held to one thread while any search runs (process-wide, counted).
+
+Why: a search does many small matrix products on two threads of its own (the loop thread and
+the scoring thread, search.py). OpenBLAS, given more threads, wakes its workers for the larger
+of those products and leaves them spinning for a while afterwards; on a small machine they take
+the cores our own threads need (measured on 2 vCPUs: ~210 ms of CPU per 500-query batch with
+numpy's default of 2 BLAS threads, ~120 ms with 1, same wall time or better). The search
+splits its one large product (the head scan) over its two threads itself.
+
+Only the BLAS library numpy itself loaded is touched (found with threadpoolctl by its path
+under numpy's directory), never another library's (faiss ships its own). The first search to
+start saves numpy's setting and sets 1; the last to finish restores it; searches overlapping
+in time (on one loop or several) share the one setting. Where numpy's BLAS cannot be found or
+controlled, this does nothing.
+
+Thread-safety: safe from any thread (one lock).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+__all__ = ["single_threaded_blas"]
+
+_lock = threading.Lock()
+_active = 0
+_saved: list[tuple[Any, int]] = []
+
+
+@functools.cache
+def _numpy_blas() -> tuple[Any, ...]:
+    """threadpoolctl controllers of the BLAS libraries under numpy's own directory."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return ()
+    numpy_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages
+    mine = (os.path.join(numpy_dir, "numpy"), os.path.join(numpy_dir, "numpy.libs"))
+    try:
+        controllers = ThreadpoolController().lib_controllers
+    except Exception:  # an odd BLAS build: do without
+        return ()
+    return tuple(
+        c for c in controllers if c.user_api == "blas" and str(c.filepath).startswith(mine)
+    )
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    global _active
+    with _lock:
+        if _active == 0:
+            for controller in _numpy_blas():
+                _saved.append((controller, controller.num_threads))
+                controller.set_num_threads(1)
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                for controller, threads in _saved:
+                    controller.set_num_threads(threads)
+                _saved.clear()

@@ -1,0 +1,124 @@
+"""PostingRead: many posting lists read in one submission, handed over group by group.
+
+A search needs a few thousand lists at once. All of them are submitted together (every group's
+``read_batch`` starts in the same loop iteration, and the engine gathers requests started in
+one iteration into one ``io_uring_enter``), so the device sees the whole batch; the groups are
+only the unit of delivery: the caller scores one group while the others are still in flight.
+
+Each list lands page-aligned in one shared buffer; a group's records are verified
+(``verify_many``) before it is handed over, so a caller never sees an unchecked record.
+
+Preconditions: built on the loop thread, synchronously from the directory it is given (so the
+record counts and runs are one snapshot, whatever an updater does while the reads are in
+flight). Thread-safety: loop thread only. Closing (or leaving ``groups()`` early) cancels the
+waiting, never the I/O: the engine keeps the buffer alive until its requests finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from tiers.buffers import aligned_empty
+from tiers.engine import FileHandle, IOEngine
+from vectordb.posting_format import PAGE_BYTES, verify_many
+
+__all__ = ["PostingRead"]
+
+
+class PostingRead:
+    """The lists ``pids`` (snapshot of ``start``/``count``), split into ``n_groups`` groups of
+    consecutive lists with about equal pages, read into ``allocate(bytes)`` (page-aligned, at
+    least that long)."""
+
+    def __init__(
+        self,
+        engine: IOEngine,
+        file: FileHandle,
+        dtype: np.dtype[Any],
+        pids: np.ndarray,
+        start: np.ndarray,
+        count: np.ndarray,
+        n_groups: int = 1,
+        allocate: Callable[[int], np.ndarray] = aligned_empty,
+    ) -> None:
+        self.pids = np.asarray(pids, np.int64)
+        self.dtype = dtype
+        self.counts = count[self.pids].astype(np.int64)
+        pages = -(-self.counts * dtype.itemsize // PAGE_BYTES)
+        buffer_pages = np.zeros(len(self.pids) + 1, np.int64)
+        np.cumsum(pages, out=buffer_pages[1:])
+        self.pages_read = int(buffer_pages[-1])
+        self.byte_offsets = buffer_pages[:-1] * PAGE_BYTES
+        # a spare page at the end: verify_many reads one word past the last record
+        self.buffer = allocate((self.pages_read + 1) * PAGE_BYTES)
+        targets = np.linspace(0, self.pages_read, max(1, n_groups) + 1)[1:-1]
+        cuts = np.searchsorted(buffer_pages[1:], targets, side="left") + 1
+        self.edges = np.unique(np.concatenate([[0], cuts, [len(self.pids)]]))
+        file_offsets = start[self.pids] * PAGE_BYTES
+        self._tasks: list[asyncio.Future[None]] = []
+        for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
+            has = pages[first:stop] > 0
+            if not has.any():
+                continue
+            read = engine.read_batch(
+                file,
+                self.buffer,
+                file_offsets[first:stop][has],
+                pages[first:stop][has] * PAGE_BYTES,
+                self.byte_offsets[first:stop][has],
+            )
+            task = asyncio.ensure_future(read)
+            task.group = (first, stop)  # type: ignore[attr-defined]
+            self._tasks.append(task)
+        self.requests = int((pages > 0).sum())
+
+    def views(self, first: int, stop: int) -> list[np.ndarray]:
+        """Records of lists ``first`` .. ``stop - 1`` (after their group landed), one view per
+        list into the buffer."""
+        size = self.dtype.itemsize
+        offsets = self.byte_offsets[first:stop].tolist()
+        counts = self.counts[first:stop].tolist()
+        return [
+            self.buffer[offset : offset + n * size].view(self.dtype)
+            for offset, n in zip(offsets, counts, strict=True)
+        ]
+
+    def verify(self, first: int, stop: int) -> None:
+        """Check every record of lists ``first`` .. ``stop - 1`` (pure: any thread)."""
+        verify_many(
+            self.buffer,
+            self.byte_offsets[first:stop],
+            self.counts[first:stop],
+            self.dtype,
+            self.pids[first:stop],
+        )
+
+    async def groups(self, verified: bool = True) -> AsyncIterator[tuple[int, int]]:
+        """Yield ``(first, stop)`` list ranges as their reads complete (any order; a range
+        whose lists are all empty comes first), verified unless ``verified=False`` (then the
+        caller must :meth:`verify` a range before it trusts a record). Raises the first I/O
+        error; the other reads are still awaited (their buffer is ours)."""
+        submitted = {task.group for task in self._tasks}  # type: ignore[attr-defined]
+        for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
+            if (first, stop) not in submitted:
+                yield first, stop  # nothing to read
+        pending = set(self._tasks)
+        try:
+            while pending:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    task.result()
+                    first, stop = task.group  # type: ignore[attr-defined]
+                    if verified:
+                        self.verify(first, stop)
+                    yield first, stop
+        finally:
+            if pending:
+                await asyncio.wait(pending)  # finish (and retrieve) what was started
+                for task in pending:
+                    if not task.cancelled():
+                        task.exception()

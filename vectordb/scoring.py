@@ -1,0 +1,133 @@
+"""ProbeScores: exact distances of a query batch to the posting lists it probes, and its top k.
+
+A *probe* is one (query, list) pair the search decided to read. Probes are sorted by list, so
+list ``u``'s probes are the rows ``bounds[u]:bounds[u + 1]``; per list there is ONE matrix
+product (its probing queries against its records, straight from the read buffer: the record
+view is strided and BLAS takes it as is). Everything else -- masking stale and deleted copies,
+adding norms, choosing the best ``k`` distinct ids per query -- is vectorised over the whole
+batch, so the Python work per list is a few microseconds whatever ``k`` and the metric are.
+
+Layout: ``dist`` is [probes, longest list] float32, inf past a list's end and for records that
+are not the live copy of their id. The top-k step views the probes of one query side by side
+([queries, max_postings x longest]), takes the ``k x max_postings`` nearest cells (a vector is
+in at most one cell per list, so they hold the k nearest distinct ids), drops repeated ids
+(replicas: the nearest copy stays) and sorts.
+
+Thread-safety: one search owns one ProbeScores; its ``add`` calls may run on one worker thread
+(never two at once), ``best`` after the last of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vectordb.metric import Metric
+from vectordb.version_map import VersionMap
+
+__all__ = ["ProbeScores"]
+
+
+class ProbeScores:
+    def __init__(
+        self,
+        metric: Metric,
+        probe_queries: np.ndarray,
+        list_of: np.ndarray,
+        bounds: np.ndarray,
+        longest: int,
+    ) -> None:
+        """``probe_queries`` [probes, dim]: the prepared query of each probe, probes sorted by
+        list; ``list_of`` each probe's list (0-based, non-decreasing); ``bounds`` [lists + 1]."""
+        self.metric = metric
+        # internal distance = -q.v (ip, cosine) or |v|^2 - 2 q.v (+ |q|^2 at the end, l2)
+        self._q = probe_queries * np.float32(-2.0 if metric is Metric.L2 else -1.0)
+        self._list_of = list_of
+        self._bounds = bounds
+        n_lists = len(bounds) - 1
+        self.dist = np.full((len(list_of), longest), np.inf, np.float32)
+        self.ids = np.full((n_lists, longest), -1, np.int64)
+        self.valid = np.zeros((n_lists, longest), bool)
+        self._norms = np.zeros((n_lists, longest), np.float32) if metric is Metric.L2 else None
+
+    @property
+    def live_counts(self) -> np.ndarray:
+        """Live records seen in each list."""
+        return self.valid.sum(axis=1)
+
+    @staticmethod
+    def live_mask(lists: list[np.ndarray], versions: VersionMap) -> np.ndarray:
+        """Which records of ``lists`` (concatenated) are the live copy of their id. On the
+        loop thread: the version map changes under updates."""
+        if not lists:
+            return np.zeros(0, bool)
+        ids = np.concatenate([r["id"] for r in lists])
+        return versions.valid(ids, np.concatenate([r["version"] for r in lists]))
+
+    def add(self, first: int, lists: list[np.ndarray], live: np.ndarray) -> None:
+        """Score lists ``first``, ``first + 1``, ... (their records, in list order; ``live``
+        from :meth:`live_mask`). Releases the GIL in its matrix products: may run on a worker
+        thread, one ``add`` at a time."""
+        sizes = np.fromiter((len(r) for r in lists), np.int64, len(lists))
+        total = int(sizes.sum())
+        if total == 0:
+            return
+        row = np.repeat(np.arange(first, first + len(lists)), sizes)
+        col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        self.ids[row, col] = np.concatenate([r["id"] for r in lists])
+        self.valid[row, col] = live
+        bounds, dist, q = self._bounds, self.dist, self._q
+        for u, records in enumerate(lists, start=first):
+            n = len(records)
+            if not n:
+                continue
+            vectors = records["vector"]
+            if vectors.dtype != np.float32:
+                vectors = vectors.astype(np.float32)
+            lo, hi = bounds[u], bounds[u + 1]
+            np.matmul(q[lo:hi], vectors.T, out=dist[lo:hi, :n])
+            if self._norms is not None:
+                self._norms[u, :n] = np.einsum("ij,ij->i", vectors, vectors)
+
+    def best(
+        self,
+        probe_query: np.ndarray,
+        probe_slot: np.ndarray,
+        queries: np.ndarray,
+        width: int,
+        k: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [Q, k] padded with -1, internal distances [Q, k] padded with inf), nearest
+        first, each id once. ``probe_query``/``probe_slot``: each probe's query row and its
+        column among that query's ``width`` probes."""
+        n_queries, longest = len(queries), self.dist.shape[1]
+        out_ids = np.full((n_queries, k), -1, np.int64)
+        out_dist = np.full((n_queries, k), np.inf, np.float32)
+        if longest == 0 or len(self._list_of) == 0:
+            return out_ids, out_dist
+        dist = self.dist
+        if self._norms is not None:
+            dist += self._norms[self._list_of]
+        dist[~self.valid[self._list_of]] = np.inf
+        grid = np.full((n_queries, width, longest), np.inf, np.float32)
+        grid[probe_query, probe_slot] = dist
+        grid_ids = np.full((n_queries, width, longest), -1, np.int64)
+        grid_ids[probe_query, probe_slot] = self.ids[self._list_of]
+        grid, grid_ids = grid.reshape(n_queries, -1), grid_ids.reshape(n_queries, -1)
+        cells = min(k * width, grid.shape[1])
+        if cells < grid.shape[1]:
+            part = np.argpartition(grid, cells - 1, axis=1)[:, :cells]
+            grid = np.take_along_axis(grid, part, axis=1)
+            grid_ids = np.take_along_axis(grid_ids, part, axis=1)
+        by_id = np.lexsort((grid, grid_ids), axis=1)  # per row: by id, nearest copy first
+        grid = np.take_along_axis(grid, by_id, axis=1)
+        grid_ids = np.take_along_axis(grid_ids, by_id, axis=1)
+        grid[:, 1:][grid_ids[:, 1:] == grid_ids[:, :-1]] = np.inf
+        nearest = np.argsort(grid, axis=1, kind="stable")[:, :k]
+        take = nearest.shape[1]
+        out_dist[:, :take] = np.take_along_axis(grid, nearest, axis=1)
+        out_ids[:, :take] = np.take_along_axis(grid_ids, nearest, axis=1)
+        found = np.isfinite(out_dist)
+        out_ids[~found] = -1
+        if self.metric is Metric.L2:
+            out_dist += np.einsum("ij,ij->i", queries, queries)[:, None]
+        return out_ids, out_dist
