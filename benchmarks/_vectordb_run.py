@@ -34,7 +34,7 @@ class Plan:
 QUICK = Plan(
     rounds=2,
     sweeps={
-        "ours": [4, 8, 16, 48, 96],
+        "ours": [4, 5, 6, 8, 12, 16, 48],
         "faiss_ondisk": [2, 4, 8, 16, 32],
         "faiss_ivf": [2, 4, 8, 16, 32],
         "faiss_hnsw": [16, 32, 64, 128],
@@ -46,7 +46,7 @@ QUICK = Plan(
 FULL = Plan(
     rounds=3,
     sweeps={
-        "ours": [2, 4, 8, 16, 32, 48, 64, 96, 128],
+        "ours": [2, 4, 5, 6, 8, 12, 16, 32, 48, 64, 96, 128],
         "faiss_ondisk": [1, 2, 4, 8, 16, 32, 64, 128],
         "faiss_ivf": [1, 2, 4, 8, 16, 32, 64, 128],
         "faiss_hnsw": [10, 16, 32, 64, 128, 256],

@@ -1,8 +1,11 @@
 """IndexConfig (fixed when an index is created) and SearchParams (per query batch).
 
-Defaults follow SPANN/SPFresh (research/spann-diskann.md): heads ~12% of the vectors, at most 8
-replicas per vector chosen by the RNG rule from the 64 nearest heads, posting lists capped at
-about 120 vectors (the nearest kept), merge at <= 10 live vectors. One knob trades recall for
+Defaults follow SPANN/SPFresh (research/spann-diskann.md): heads ~12% of the vectors, replicas
+per vector chosen by the RNG rule from the nearest heads, posting lists capped at about 120
+vectors (the nearest kept), merge at <= 10 live vectors. SPANN allows 8 replicas; the default
+here is 4, measured best (benchmarks/RESULTS.md, "vectordb": QPS at recall@10 0.9 on
+debian-minilm, 2, 3, 4 and 8 replicas): a batch of queries reads the union of its lists, and
+every extra replica is bytes read and scored for little recall. One knob trades recall for
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read).
 """
 
@@ -30,7 +33,7 @@ class IndexConfig:
     metric: Metric | str = Metric.L2
     dtype: str = "float32"
     head_fraction: float = 0.12  # share of vectors chosen as in-memory heads
-    replica_count: int = 8  # posting lists a vector may be stored in
+    replica_count: int = 4  # posting lists a vector may be stored in (SPANN: up to 8)
     rng_factor: float = 1.0  # RNG rule: skip head h if rng_factor * d(h, chosen) < d(x, h)
     candidate_heads: int = 64  # heads considered when placing a vector
     posting_limit: int = 120  # vectors per posting list; longer ones split (or, at build, trim)
