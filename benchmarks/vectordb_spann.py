@@ -12,9 +12,10 @@ debian-minilm -- see _vectordb_data.py) and each system, a sweep of the system's
   + node cache sized to our index's resident bytes (equal memory; _vectordb_diskann.py).
 
 Per setting: recall@10 (|returned ∩ exact top-10| / 10), QPS (the whole query batch in one call,
-2 threads, median single-batch wall time over rounds, min-max shown), resident bytes, and bytes /
-4 KiB pages read per query (ours: the index's counters; faiss OnDisk: computed from the probed
-lists' sizes; in-RAM systems: 0; DiskANN: n/a). Rounds run every system and setting back to back.
+2 threads, median single-batch wall time over rounds after one untimed warm-up pass, min-max
+shown), resident bytes, and bytes / 4 KiB pages read per query (ours: the index's counters;
+faiss OnDisk: computed from the probed lists' sizes; in-RAM systems: 0; DiskANN: n/a). Rounds
+run every system and setting back to back.
 Headline: QPS at recall@10 >= 0.90 (log-QPS interpolated along each curve), ours / faiss OnDisk
 and ours / DiskANN. Then the update phase on debian-minilm (_vectordb_update.py): insert the
 held-out 10%, delete 10%, recall@10 against the exact live top-10 after every step.
