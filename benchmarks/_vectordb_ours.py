@@ -49,11 +49,17 @@ def code_hash() -> str:
 
 
 async def _build(
-    directory: Path, ds: Dataset, ids: np.ndarray | None, rows: Any, dtype: str = "float32"
+    directory: Path,
+    ds: Dataset,
+    ids: np.ndarray | None,
+    rows: Any,
+    dtype: str = "float32",
+    overrides: dict[str, Any] | None = None,
 ) -> float:
     start = time.perf_counter()
-    # defaults throughout, but for the posting-list precision of the float16 variant
-    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric, dtype=dtype)
+    # defaults throughout, but for the posting-list precision of the float16 variant (and what
+    # a sweep of one setting overrides)
+    config = IndexConfig(dim=ds.base.shape[1], metric=ds.metric, dtype=dtype, **(overrides or {}))
     index = await SpannIndex.create(directory, config)
     try:
         await index.build(ids, rows, progress=True)
@@ -71,9 +77,11 @@ def cached_build(
     ds: Dataset,
     ids: np.ndarray | None = None,
     dtype: str = "float32",
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[Path, float]:
     """(index directory, build seconds) for ``ds`` (rows ``ids`` only, if given)."""
     suffix = "" if dtype == "float32" else f"-{dtype}"
+    suffix += "".join(f"-{key}{value}" for key, value in sorted((overrides or {}).items()))
     directory = cache_dir / f"{tag}{suffix}-{code_hash()}"
     stamp = directory / "BUILT"
     if stamp.exists():
@@ -82,7 +90,7 @@ def cached_build(
     rows = ds.base if ids is None else np.ascontiguousarray(ds.base[ids])
     log(f"ours: building {len(rows):,} vectors into {directory}")
     shutil.rmtree(directory, ignore_errors=True)  # a build that never finished
-    build_s = runner.run(_build(directory, ds, ids, rows, dtype))
+    build_s = runner.run(_build(directory, ds, ids, rows, dtype, overrides))
     log(f"ours: built in {build_s:.1f} s")
     return directory, build_s
 
@@ -93,12 +101,19 @@ class OursSystem:
     name, knob = "ours", "max_postings"
 
     def __init__(
-        self, runner: asyncio.Runner, ds: Dataset, cache_dir: Path, dtype: str = "float32"
+        self,
+        runner: asyncio.Runner,
+        ds: Dataset,
+        cache_dir: Path,
+        dtype: str = "float32",
+        overrides: dict[str, Any] | None = None,
     ) -> None:
         self.runner = runner
         if dtype != "float32":
             self.name = f"ours_{dtype.replace('float', 'fp')}"
-        directory, self.build_s = cached_build(runner, cache_dir, ds.name, ds, dtype=dtype)
+        directory, self.build_s = cached_build(
+            runner, cache_dir, ds.name, ds, dtype=dtype, overrides=overrides
+        )
         self.index: SpannIndex = runner.run(SpannIndex.open(directory))
         self.stats: dict[str, Any] = self.index.stats()
         self.resident_bytes = float(self.stats["resident_bytes"])

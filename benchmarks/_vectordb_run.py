@@ -23,6 +23,9 @@ HERE = Path(__file__).resolve().parent
 K = 10
 
 
+_SETTLE_S = 0.5  # pause before each system's sweep
+
+
 @dataclass(frozen=True)
 class Plan:
     rounds: int
@@ -107,12 +110,16 @@ def run_dataset(
         # fresh buffers, lazily loaded tables, the VM's host backing new memory) are not what
         # a serving index pays per batch
         for system in systems:
+            time.sleep(_SETTLE_S)
             for value in sweeps[system.name]:
                 system.run(value, ds.queries, K)
         log(f"[{ds.name}] warm-up pass done")
         for r in range(plan.rounds):
             # every system and setting once per round, back to back, so load bursts hit all
             for system in systems:
+                # DiskANN's OpenMP (libiomp5) keeps its threads spinning ~200 ms after a
+                # search (KMP_BLOCKTIME): let a system's leftovers settle before the next
+                time.sleep(_SETTLE_S)
                 for value in sweeps[system.name]:
                     ids, wall_s, io = system.run(value, ds.queries, K)
                     key = (system.name, value)

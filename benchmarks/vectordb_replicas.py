@@ -1,0 +1,98 @@
+"""Why the index stores 4 replicas by default: QPS at recall@10 0.9 for 2, 3, 4 and 8 replicas.
+
+On debian-minilm (../shared/data/debian-minilm), one index per ``replica_count`` (everything
+else at its default) is built under benchmarks/out/vectordb/spann/ (reused while
+``vectordb/*.py`` is unchanged), then every build is searched with the whole 500-query batch
+at several ``max_postings``, cold cache (``posix_fadvise(DONTNEED)``; the index reads with
+O_DIRECT), one untimed warm-up pass, then ``--rounds`` rounds with every build and setting
+back to back. Printed: a table (recall, median QPS with min-max, KiB read per query, disk
+bytes of the lists) and, last, one JSON line ``{"qps_at_recall_0_9": {replicas: qps}}``.
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_replicas.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT)]
+
+from pathlib import Path  # noqa: E402
+
+from _vectordb_common import Point, log, qps_at_recall, recall_at  # noqa: E402
+from _vectordb_data import Dataset, load  # noqa: E402
+from _vectordb_ours import OursSystem  # noqa: E402
+
+_OUT = Path(_ROOT) / "benchmarks" / "out" / "vectordb"
+
+
+class _Replicas(OursSystem):
+    """OursSystem over an index built with ``replica_count`` replicas."""
+
+    def __init__(self, runner: asyncio.Runner, ds: Dataset, replicas: int) -> None:
+        self.replicas = replicas
+        super().__init__(runner, ds, _OUT / "spann", overrides={"replica_count": replicas})
+        self.name = f"replicas={replicas}"
+
+
+def _list_mib(stats: dict) -> str:  # type: ignore[type-arg]
+    used_pages = stats["file_pages"] - stats["free_pages"]
+    return f"{used_pages * 4096 / 2**20:.0f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="replicas 2 and 4, 2 rounds")
+    parser.add_argument("--rounds", type=int)
+    args = parser.parse_args()
+    ds = load("debian-minilm", _OUT / "data")
+    if ds is None:
+        print("debian-minilm is absent (../shared/data/debian-minilm): nothing to measure")
+        return
+    replicas = [2, 4] if args.quick else [2, 3, 4, 8]
+    settings = [4, 5, 6, 8, 10, 12]
+    rounds = args.rounds or (2 if args.quick else 5)
+    points: dict[tuple[int, int], Point] = {}
+    with asyncio.Runner() as runner:
+        systems = [_Replicas(runner, ds, r) for r in replicas]
+        try:
+            for system in systems:  # warm-up
+                for value in settings:
+                    system.run(value, ds.queries, 10)
+            for r in range(rounds):
+                for system in systems:
+                    for value in settings:
+                        ids, wall_s, io = system.run(value, ds.queries, 10)
+                        key = (system.replicas, value)
+                        point = points.setdefault(
+                            key, Point(system.name, "max_postings", value, 0.0, len(ds.queries))
+                        )
+                        point.add_round(wall_s, recall_at(ids, ds.gt, 10), io)
+                        log(f"round {r + 1}: {system.name} max_postings={value} done")
+            disk = {s.replicas: _list_mib(s.stats) for s in systems}
+        finally:
+            for system in systems:
+                system.close()
+    print("| replicas | max_postings | recall@10 | QPS median (min-max) | KiB read/query |")
+    print("|---|---|---|---|---|")
+    for (reps, value), p in sorted(points.items()):
+        low, high = p.qps_range
+        kib = p.io.get("bytes", float("nan")) / 1024
+        print(f"| {reps} | {value} | {p.recall:.4f} | {p.qps:,.0f} ({low:,.0f}-{high:,.0f}) | "
+              f"{kib:.0f} |")  # fmt: skip
+    headline = {}
+    for reps in replicas:
+        mine = [p for (r, _), p in points.items() if r == reps]
+        found = qps_at_recall(mine)
+        headline[str(reps)] = None if found is None else round(found, 1)
+    print(f"\nQPS at recall@10 >= 0.9 by replicas: {headline}; list bytes on disk: {disk}")
+    print(json.dumps({"qps_at_recall_0_9": headline}))
+
+
+if __name__ == "__main__":
+    main()
