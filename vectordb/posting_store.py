@@ -116,9 +116,10 @@ class PostingStore:
         return read
 
     def _spare_or_new(self, size_bytes: int) -> np.ndarray:
-        spare, self._spare = self._spare, None
-        if spare is not None and len(spare) >= size_bytes:
+        if self._spare is not None and len(self._spare) >= size_bytes:
+            spare, self._spare = self._spare, None
             return spare
+        # a spare too small stays: the new buffer may be too big to keep (recycle)
         # new memory is slow to touch the first time (page faults; in a VM, the host backing
         # it): round up, so a slightly larger next batch still fits
         return aligned_empty(-(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES)

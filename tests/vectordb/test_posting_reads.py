@@ -109,3 +109,22 @@ def test_pooled_reads_reuse_the_recycled_buffer(tmp_path: Path) -> None:
         pid: list(range(pid * 50, pid * 50 + 50)) for pid in range(8)
     }
     _run_store(tmp_path, body)
+
+
+def test_a_spare_too_small_stays_until_a_larger_buffer_is_recycled(tmp_path: Path) -> None:
+    make = _Maker(4)
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *make(50)) for pid in range(8)])
+        tiny = aligned_empty(2 * PAGE_BYTES)
+        store.recycle(tiny)
+        read = store.begin_read(np.arange(8, dtype=np.int64), 2, pooled=True)
+        assert read.buffer is not tiny and len(read.buffer) > len(tiny)
+        assert store.stats()["spare_buffer_bytes"] == len(tiny)  # not thrown away
+        async with aclosing(read.groups()) as groups:
+            async for _ in groups:
+                pass
+        store.recycle(read.buffer)
+        assert store.stats()["spare_buffer_bytes"] == len(read.buffer)
+
+    _run_store(tmp_path, body)
