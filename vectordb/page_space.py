@@ -38,6 +38,7 @@ class PageSpace:
         if self._allocator.allocate(_ARENA_PAGES) != 0:
             raise AssertionError("a fresh allocator must start at 0")
         self._pending: list[tuple[int, int]] = []
+        self.pending_pages = 0  # in the pending runs
         self._grow_to(file_pages, free=False)
 
     def adopt(self, used: Iterable[tuple[int, int]]) -> None:
@@ -69,6 +70,7 @@ class PageSpace:
         """Give a run back once the next checkpoint has committed."""
         if pages > 0:
             self._pending.append((start, pages))
+            self.pending_pages += pages
 
     def release_pending(self, runs: list[tuple[int, int]]) -> None:
         for start, pages in runs:
@@ -77,6 +79,7 @@ class PageSpace:
     def take_pending(self) -> list[tuple[int, int]]:
         """The runs freed so far, to release after a checkpoint commits (and reads drain)."""
         runs, self._pending = self._pending, []
+        self.pending_pages = 0
         return runs
 
     def _grow_to(self, pages: int, free: bool) -> None:
@@ -89,4 +92,5 @@ class PageSpace:
             "file_pages": self.file_pages,
             "free_pages": self._allocator.free_bytes,
             "pending_free_runs": len(self._pending),
+            "pending_free_pages": self.pending_pages,
         }

@@ -14,6 +14,8 @@
   vectors into the nearest neighbouring list that has room, and its head leaves.
 
 All of it runs under ``index.update_lock``; replay of the log at open calls ``apply_insert``.
+A checkpoint follows an update once the log is long or the runs copy-on-write freed (reusable
+only after a checkpoint) reach a quarter of the file.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from vectordb.index import SpannIndex
 
 __all__ = ["append_placed", "apply_insert", "delete", "insert"]
+
+_GARBAGE_MIN_PAGES = 1024  # 4 MiB: below this, freed runs never force a checkpoint
 
 
 async def insert(index: SpannIndex, ids: Any, vectors: Any) -> None:
@@ -125,7 +129,11 @@ async def _merge_pending(index: SpannIndex) -> None:
 
 
 async def _maybe_checkpoint(index: SpannIndex) -> None:
-    if index.wal.bytes_written >= index.config.checkpoint_wal_bytes:
+    """Checkpoint once the log is long, or once runs freed by copy-on-write (which only a
+    checkpoint can hand back) are a quarter of the file: rewrites would grow the file."""
+    space = index.store.space
+    garbage = space.pending_pages >= max(_GARBAGE_MIN_PAGES, space.file_pages // 4)
+    if garbage or index.wal.bytes_written >= index.config.checkpoint_wal_bytes:
         from vectordb.checkpoint import checkpoint
 
         await checkpoint(index)

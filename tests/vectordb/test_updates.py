@@ -133,3 +133,30 @@ def test_deleting_most_vectors_merges_lists(tmp_path: Path) -> None:
             await assert_matches_model(index, model, seed=22)
 
     asyncio.run(main())
+
+
+def test_runs_freed_by_rewrites_force_a_checkpoint(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With a log threshold never reached, the runs that copy-on-write frees (reusable only
+    after a checkpoint) still never pass a quarter of the file: a checkpoint hands them back."""
+    from vectordb import updates
+
+    monkeypatch.setattr(updates, "_GARBAGE_MIN_PAGES", 64, raising=False)
+    config = IndexConfig(dim=DIM, posting_limit=16, merge_threshold=3, checkpoint_wal_bytes=1 << 30)
+    base, extra = clustered(400, DIM, seed=20), clustered(2500, DIM, seed=21)
+
+    async def main() -> None:
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, base)
+            before = index.stats()["checkpoints"]
+            for first in range(0, len(extra), 250):
+                rows = np.arange(first, min(first + 250, len(extra)))
+                await index.insert(rows + 400, extra[rows])
+                space = index.store.space
+                assert space.pending_pages < max(64, space.file_pages // 4)
+            assert index.stats()["checkpoints"] > before
+            assert index.wal.bytes_written < config.checkpoint_wal_bytes
+            model = {i: v for i, v in enumerate(base)}
+            model.update({400 + i: v for i, v in enumerate(extra)})
+            await assert_matches_model(index, model, seed=22)
+
+    asyncio.run(main())
