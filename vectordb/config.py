@@ -2,10 +2,12 @@
 
 Defaults follow SPANN/SPFresh (research/spann-diskann.md): heads ~12% of the vectors, replicas
 per vector chosen by the RNG rule from the nearest heads, posting lists capped at about 120
-vectors (the nearest kept), merge at <= 10 live vectors. SPANN allows 8 replicas; the default
-here is 4, measured best (benchmarks/RESULTS.md, "vectordb": QPS at recall@10 0.9 on
-debian-minilm, 2, 3, 4 and 8 replicas): a batch of queries reads the union of its lists, and
-every extra replica is bytes read and scored for little recall. One knob trades recall for
+vectors (the nearest kept), merge at <= 10 live vectors. SPANN allows 8 replicas and bounds
+them by its closure rule (a head within (1 + eps1) x the nearest head's distance); the
+defaults here, 4 replicas and a closure of 1.5 on squared distance (eps1 ~ 0.22), measured
+fastest at recall@10 0.9 on debian-minilm among 2/4/8 replicas and closures 1.25/1.5/2/none
+(benchmarks/vectordb_placement.py): a batch of queries reads the union of its lists, and a
+replica of a vector deep inside its own list costs bytes for no recall. One knob trades recall for
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read).
 """
 
@@ -35,6 +37,8 @@ class IndexConfig:
     head_fraction: float = 0.12  # share of vectors chosen as in-memory heads
     replica_count: int = 4  # posting lists a vector may be stored in (SPANN: up to 8)
     rng_factor: float = 1.0  # RNG rule: skip head h if rng_factor * d(h, chosen) < d(x, h)
+    closure: float = 1.5  # SPANN's closure: a replica only in a list whose head is within this
+    # x the nearest head's squared distance (inf: the RNG rule alone decides)
     candidate_heads: int = 64  # heads considered when placing a vector
     posting_limit: int = 120  # vectors per posting list; longer ones split (or, at build, trim)
     merge_threshold: int = 10  # a list with this many live vectors or fewer merges away
@@ -62,6 +66,8 @@ class IndexConfig:
             raise IndexConfigError("replica_count cannot exceed candidate_heads")
         if not 0 <= self.merge_threshold < self.posting_limit // 2:
             raise IndexConfigError("merge_threshold must be below half the posting_limit")
+        if not self.closure >= 1.0:
+            raise IndexConfigError(f"closure must be >= 1, got {self.closure}")
         if self.rng_factor <= 0:
             raise IndexConfigError(f"rng_factor must be positive, got {self.rng_factor}")
         if self.navigator not in ("auto", "flat", "hnsw"):
@@ -88,7 +94,8 @@ class IndexConfig:
         unknown = set(values) - known
         if unknown:
             raise IndexConfigError(f"unknown config keys: {sorted(unknown)}")
-        return cls(**values)
+        # an index created before the closure rule existed keeps placing without it
+        return cls(**{"closure": float("inf"), **values})
 
 
 @dataclass(frozen=True)

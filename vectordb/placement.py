@@ -3,7 +3,9 @@
 Among a vector's nearest ``candidate_heads`` heads, nearest first, head ``h`` is accepted unless
 an already accepted head ``a`` is closer to it than the vector is (``rng_factor * d(h, a) <
 d(x, h)``): replicas then point in different directions instead of piling into neighbouring lists
-that would be read together anyway. At most ``replica_count`` heads are accepted. Distances here
+that would be read together anyway. Past the nearest, a head is also skipped when farther than
+``closure`` x the nearest head's distance (SPANN's closure: only vectors near a boundary are
+replicated). At most ``replica_count`` heads are accepted. Distances here
 are squared L2 in every metric (for cosine the vectors are unit length, where L2 and cosine order
 agree; for inner product it is the geometric reading SPANN uses).
 
@@ -61,6 +63,8 @@ def _rng_select(
     counts = np.zeros(n, np.int64)
     for j in range(c):
         ok = valid[:, j] & (counts < config.replica_count)
+        if j and config.closure != float("inf"):
+            ok &= x_dist[:, j] <= config.closure * np.maximum(x_dist[:, 0], 0.0)
         if j:
             too_close = config.rng_factor * head_dist[:, j, :j] < x_dist[:, j : j + 1]
             ok &= ~(accepted[:, :j] & too_close).any(axis=1)

@@ -111,6 +111,9 @@ def test_bad_configs() -> None:
         SearchParams(max_postings=0)
     with pytest.raises(IndexConfigError, match="unknown"):
         IndexConfig.from_dict({"dim": 4, "colour": "red"})
+    for closure in (0.5, float("nan")):
+        with pytest.raises(IndexConfigError, match="closure"):
+            IndexConfig(dim=4, closure=closure)
 
 
 def test_uint8_vectors(tmp_path: Path) -> None:
@@ -274,3 +277,17 @@ def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch)
             )
 
     asyncio.run(main())
+
+
+def test_placement_settings_survive_a_reopen(tmp_path: Path) -> None:
+    async def main() -> None:
+        config = IndexConfig(dim=8, closure=float("inf"), replica_count=3)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, clustered(300, 8, seed=30))
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            assert index.config == config
+
+    asyncio.run(main())
+    old = IndexConfig(dim=8).to_dict()
+    del old["closure"]  # written before the closure rule existed
+    assert IndexConfig.from_dict(old).closure == float("inf")

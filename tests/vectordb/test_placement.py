@@ -58,6 +58,8 @@ def _check_rule(
         if exact_nearest:  # first replica: the nearest head in the index's own metric
             assert internal[i, rows[0]] <= internal[i].min() + tol
         for j, h in enumerate(rows):
+            if j:  # the closure: no replica much farther than the nearest head
+                assert d_xh[i, h] <= config.closure * d_xh[i, rows[0]] + tol * (1 + d_xh[i, h])
             for a in rows[:j]:
                 # h was accepted after a: a does not cover it
                 scale = tol * (1 + d_xh[i, h])
@@ -92,6 +94,8 @@ def test_rng_rule_is_a_complete_greedy_scan() -> None:
         for h in candidates.tolist():
             if len(accepted) == config.replica_count:
                 break
+            if accepted and d_xh[i, h] > config.closure * d_xh[i, candidates[0]]:
+                continue
             if all(config.rng_factor * d_hh[h, a] >= d_xh[i, h] for a in accepted):
                 accepted.append(h)
         want = [int(pids[h]) for h in accepted]
@@ -103,16 +107,18 @@ def test_rng_rule_is_a_complete_greedy_scan() -> None:
     n_heads=st.integers(1, 40),
     replica_count=st.integers(1, 8),
     rng_factor=st.floats(0.25, 4.0),
+    closure=st.one_of(st.floats(1.0, 4.0), st.just(float("inf"))),
     metric=st.sampled_from([Metric.L2, Metric.IP, Metric.COSINE]),
     seed=st.integers(0, 1000),
 )
 @settings(max_examples=40, deadline=None)
 def test_place_properties(
-    n_heads: int, replica_count: int, rng_factor: float, metric: Metric, seed: int
+    n_heads: int, replica_count: int, rng_factor: float, closure: float, metric: Metric, seed: int
 ) -> None:
     nav, heads, pids = _setup(metric, n_heads, seed=seed)
     config = IndexConfig(dim=DIM, metric=metric, replica_count=replica_count,
-                         rng_factor=rng_factor, candidate_heads=max(replica_count, 8))  # fmt: skip
+                         rng_factor=rng_factor, closure=closure,
+                         candidate_heads=max(replica_count, 8))  # fmt: skip
     x = prepare(metric, clustered(30, DIM, seed=seed + 1, clusters=6))
     _check_rule(place(x, nav, config), x, heads, pids, config)
 

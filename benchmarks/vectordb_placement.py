@@ -1,14 +1,15 @@
-"""Why the index stores 4 replicas by default: QPS at recall@10 0.9 for 2, 3, 4 and 8 replicas.
+"""Why the index places vectors as it does by default: QPS at recall@10 0.9 for several
+``replica_count`` / ``closure`` pairs (IndexConfig).
 
-On debian-minilm (../shared/data/debian-minilm), one index per ``replica_count`` (everything
-else at its default) is built under benchmarks/out/vectordb/spann/ (reused while
+On debian-minilm (../shared/data/debian-minilm), one index per pair (everything else at its
+default) is built under benchmarks/out/vectordb/spann/ (reused while
 ``vectordb/*.py`` is unchanged), then every build is searched with the whole 500-query batch
 at several ``max_postings``, cold cache (``posix_fadvise(DONTNEED)``; the index reads with
 O_DIRECT), one untimed warm-up pass, then ``--rounds`` rounds with every build and setting
 back to back. Printed: a table (recall, median QPS with min-max, KiB read per query, disk
-bytes of the lists) and, last, one JSON line ``{"qps_at_recall_0_9": {replicas: qps}}``.
+bytes of the lists) and, last, one JSON line ``{"qps_at_recall_0_9": {"r4-c1.5": qps, ...}}``.
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_replicas.py [--quick]
+    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_placement.py [--quick]
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from _vectordb_ours import OursSystem  # noqa: E402
 _OUT = Path(_ROOT) / "benchmarks" / "out" / "vectordb"
 
 
-class _Replicas(OursSystem):
-    """OursSystem over an index built with ``replica_count`` replicas."""
+class _Placement(OursSystem):
+    """OursSystem over an index built with ``replica_count`` and ``closure``."""
 
-    def __init__(self, runner: asyncio.Runner, ds: Dataset, replicas: int) -> None:
-        self.replicas = replicas
-        super().__init__(runner, ds, _OUT / "spann", overrides={"replica_count": replicas})
-        self.name = f"replicas={replicas}"
+    def __init__(self, runner: asyncio.Runner, ds: Dataset, replicas: int, closure: float) -> None:
+        self.tag = f"r{replicas}-c{closure:g}"
+        overrides = {"replica_count": replicas, "closure": closure}
+        super().__init__(runner, ds, _OUT / "spann", overrides=overrides)
+        self.name = self.tag
 
 
 def _list_mib(stats: dict) -> str:  # type: ignore[type-arg]
@@ -47,19 +49,22 @@ def _list_mib(stats: dict) -> str:  # type: ignore[type-arg]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="replicas 2 and 4, 2 rounds")
+    parser.add_argument("--quick", action="store_true", help="3 placements, 2 rounds")
     parser.add_argument("--rounds", type=int)
     args = parser.parse_args()
     ds = load("debian-minilm", _OUT / "data")
     if ds is None:
         print("debian-minilm is absent (../shared/data/debian-minilm): nothing to measure")
         return
-    replicas = [2, 4] if args.quick else [2, 3, 4, 8]
-    settings = [4, 5, 6, 8, 10, 12]
+    inf = float("inf")
+    pairs = [(4, inf), (4, 1.5), (2, inf)]
+    if not args.quick:
+        pairs += [(8, inf), (4, 1.25), (4, 2.0), (8, 1.5)]
+    settings = [4, 5, 6, 8, 10, 12, 16]
     rounds = args.rounds or (2 if args.quick else 5)
     points: dict[tuple[int, int], Point] = {}
     with asyncio.Runner() as runner:
-        systems = [_Replicas(runner, ds, r) for r in replicas]
+        systems = [_Placement(runner, ds, r, c) for r, c in pairs]
         try:
             for system in systems:  # warm-up
                 for value in settings:
@@ -68,29 +73,30 @@ def main() -> None:
                 for system in systems:
                     for value in settings:
                         ids, wall_s, io = system.run(value, ds.queries, 10)
-                        key = (system.replicas, value)
+                        key = (system.tag, value)
                         point = points.setdefault(
                             key, Point(system.name, "max_postings", value, 0.0, len(ds.queries))
                         )
                         point.add_round(wall_s, recall_at(ids, ds.gt, 10), io)
                         log(f"round {r + 1}: {system.name} max_postings={value} done")
-            disk = {s.replicas: _list_mib(s.stats) for s in systems}
+            disk = {s.tag: _list_mib(s.stats) for s in systems}
         finally:
             for system in systems:
                 system.close()
-    print("| replicas | max_postings | recall@10 | QPS median (min-max) | KiB read/query |")
+    print("| placement | max_postings | recall@10 | QPS median (min-max) | KiB read/query |")
     print("|---|---|---|---|---|")
-    for (reps, value), p in sorted(points.items()):
+    for (tag, value), p in sorted(points.items()):
         low, high = p.qps_range
         kib = p.io.get("bytes", float("nan")) / 1024
-        print(f"| {reps} | {value} | {p.recall:.4f} | {p.qps:,.0f} ({low:,.0f}-{high:,.0f}) | "
+        print(f"| {tag} | {value} | {p.recall:.4f} | {p.qps:,.0f} ({low:,.0f}-{high:,.0f}) | "
               f"{kib:.0f} |")  # fmt: skip
     headline = {}
-    for reps in replicas:
-        mine = [p for (r, _), p in points.items() if r == reps]
+    for system in systems:
+        mine = [p for (tag, _), p in points.items() if tag == system.tag]
         found = qps_at_recall(mine)
-        headline[str(reps)] = None if found is None else round(found, 1)
-    print(f"\nQPS at recall@10 >= 0.9 by replicas: {headline}; list bytes on disk: {disk}")
+        headline[system.tag] = None if found is None else round(found, 1)
+    print(f"\nQPS at recall@10 >= 0.9 (r: replicas, c: closure): {headline}")
+    print(f"list pages in use: {disk}")
     print(json.dumps({"qps_at_recall_0_9": headline}))
 
 
