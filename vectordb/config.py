@@ -102,7 +102,7 @@ class IndexConfig:
 class SearchParams:
     """Per-search settings. ``max_postings`` is the recall/latency knob."""
 
-    max_postings: int = 8  # posting lists read per query, nearest heads first
+    max_postings: int = 10  # posting lists read per query, nearest heads first
     prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
 
     def __post_init__(self) -> None:
