@@ -91,6 +91,10 @@ class PostingStore:
                 new[: len(old)] = old
                 setattr(self, name, new)
 
+    def pages_of(self, pids: np.ndarray) -> np.ndarray:
+        """Pages a read of each list takes now."""
+        return self._pages(self.count[pids])
+
     def _pages(self, records: np.ndarray | int) -> np.ndarray:
         return -(-np.asarray(records, np.int64) * self.rec_bytes // PAGE_BYTES)
 
@@ -121,8 +125,11 @@ class PostingStore:
             return spare
         # a spare too small stays: the new buffer may be too big to keep (recycle)
         # new memory is slow to touch the first time (page faults; in a VM, the host backing
-        # it): round up, so a slightly larger next batch still fits
-        return aligned_empty(-(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES)
+        # it): round up, so a slightly larger next batch still fits, but not past what is kept
+        rounded = -(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES
+        if size_bytes <= SPARE_LIMIT_BYTES:
+            rounded = min(rounded, SPARE_LIMIT_BYTES)
+        return aligned_empty(rounded)
 
     def recycle(self, buffer: np.ndarray) -> None:
         """Keep a pooled read's buffer for the next one (one spare of at most

@@ -14,7 +14,8 @@ For a batch of queries:
    (older version) and deleted ids masked out, and per query the best ``k`` distinct ids
    (replicas counted once): scoring.ProbeScores.
 
-A very large batch is cut into chunks so the distance matrix stays within ``_CELL_BUDGET``.
+A large batch is cut into consecutive chunks of queries, so that one chunk's lists fit the
+store's reusable read buffer and its distance matrix stays within ``_CELL_BUDGET``.
 
 Lists seen with few live vectors are noted for merging (done by the next update).
 Concurrency: runs beside other searches and one updater (see posting_store for why reads
@@ -33,7 +34,9 @@ from vectordb.blas_threads import single_threaded_blas
 from vectordb.config import SearchParams
 from vectordb.errors import InvalidVectorsError
 from vectordb.metric import Metric, prepare, to_scores
+from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import PostingRead
+from vectordb.posting_store import SPARE_LIMIT_BYTES
 from vectordb.scoring import ProbeScores
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ __all__ = ["search"]
 _READ_GROUPS = 4  # lists are scored a group at a time while the other groups are read
 _SPLIT_NAVIGATION_AT = 64  # queries: below this the head scan runs on the loop thread alone
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
+READ_BUDGET_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # lists read at once (one spare buffer)
 
 
 async def search(
@@ -98,15 +102,36 @@ async def _search(
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
     if keep.any():
-        longest = max(int(index.store.count[pids[keep]].max()), 1)
-        step = max(1, _CELL_BUDGET // (pids.shape[1] * longest))
-        for first in range(0, n_queries, step):
-            rows = slice(first, first + step)
+        for rows in _chunks(index, pids, keep):
             out_ids[rows], out_dist[rows] = await _search_chunk(
                 index, queries[rows], pids[rows], keep[rows], k
             )
     index.counters["queries"] += n_queries
     return out_ids, to_scores(index.metric, out_dist)
+
+
+def _chunks(index: SpannIndex, pids: np.ndarray, keep: np.ndarray) -> list[slice]:
+    """Consecutive query ranges, each as long as possible with the union of its lists fitting
+    the pooled read buffer (``READ_BUDGET_BYTES``: fresh memory is slow to touch) and its
+    distance matrix within ``_CELL_BUDGET``. A list two ranges share is read by both."""
+    width = pids.shape[1]
+    pages = index.store.pages_of(np.where(keep, pids, 0)) * keep  # of each kept probe
+    longest = max(int(index.store.count[pids[keep]].max(initial=1)), 1)
+    most_queries = max(1, _CELL_BUDGET // (width * longest))
+    budget_pages = READ_BUDGET_BYTES // PAGE_BYTES
+    out, first, n = [], 0, len(pids)
+    while first < n:
+        stop = min(n, first + most_queries)
+        probes = np.where(keep[first:stop], pids[first:stop], -1).ravel()
+        kept = np.flatnonzero(probes >= 0)
+        _, first_seen = np.unique(probes[kept], return_index=True)
+        new_pages = np.zeros(stop - first, np.int64)  # pages each query adds to the union
+        np.add.at(new_pages, kept[first_seen] // width, pages[first:stop].ravel()[kept[first_seen]])
+        fits = int(np.searchsorted(np.cumsum(new_pages), budget_pages, side="right"))
+        stop = first + max(1, fits)
+        out.append(slice(first, stop))
+        first = stop
+    return out
 
 
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:

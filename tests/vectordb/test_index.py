@@ -253,8 +253,9 @@ def test_float16_lists_keep_recall_and_refuse_overflow(tmp_path: Path) -> None:
 
 
 def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A large batch (head scan split over two threads, distances cut into chunks, lists
-    shared between queries, the read buffer reused) answers exactly as single queries do."""
+    """A large batch (head scan split over two threads, distances or reads cut into chunks,
+    lists shared between queries, the read buffer reused) answers exactly as single queries
+    do."""
     import vectordb.search as search_module
 
     vectors = clustered(3000, 16, seed=11)
@@ -269,8 +270,13 @@ def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch)
             assert index.stats()["spare_buffer_bytes"] > 0
             monkeypatch.setattr(search_module, "_CELL_BUDGET", 6 * 48 * 5)  # 5-query chunks
             chunked = await index.search(queries, k=7, params=params)
+            monkeypatch.setattr(search_module, "_CELL_BUDGET", 1 << 22)
+            monkeypatch.setattr(search_module, "READ_BUDGET_BYTES", 40 * 4096)  # ~2 queries
+            reads_before = index.stats()["posting_reads"]
+            by_bytes = await index.search(queries, k=7, params=params)
+            assert index.stats()["posting_reads"] - reads_before > 150  # lists read again
             alone = [await index.search(q[None, :], k=7, params=params) for q in queries]
-        for found in (whole, chunked):
+        for found in (whole, chunked, by_bytes):
             np.testing.assert_array_equal(found[0], np.concatenate([a[0] for a in alone]))
             np.testing.assert_allclose(
                 found[1], np.concatenate([a[1] for a in alone]), rtol=1e-5, atol=1e-5
