@@ -31,8 +31,8 @@ minutes here with cached builds, plus ~1 minute of builds the first time)::
     flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py --quick
 
 Full mode (3 datasets, 3 rounds; DiskANN built on the small sets, ~7-10 min each the first
-time). On 2026-11-22 our index's bulk build of the 2M set did not finish here (see RESULTS.md,
-"vectordb"), so the recorded runs passed ``--datasets`` one set at a time::
+time; the 2M set takes ~26 min with ``--skip diskann,update,fp16,hnsw``: our build 505 s, faiss
+OnDisk 410 s). The recorded runs passed ``--datasets`` one set at a time (RESULTS.md)::
 
     flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py
 
