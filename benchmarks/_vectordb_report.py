@@ -10,6 +10,7 @@ from _vectordb_update import UpdateResult
 LABELS = {
     "ours": "ours (SPANN, cold cache)",
     "ours_fp16": "ours, float16 lists (cold cache)",
+    "ours_hf": "ours, --head-fraction heads (cold cache)",
     "faiss_ondisk": "faiss IVF OnDisk (cold cache)",
     "faiss_ivf": "faiss IVF-Flat (RAM)",
     "faiss_hnsw": "faiss HNSW32 (RAM)",

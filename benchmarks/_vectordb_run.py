@@ -32,6 +32,7 @@ class Plan:
     sweeps: dict[str, list[int]]
     datasets: list[str]
     update_steps: int
+    head_fraction: float | None = None  # also run ours with this IndexConfig.head_fraction
 
 
 QUICK = Plan(
@@ -61,7 +62,13 @@ FULL = Plan(
 
 
 def _systems(
-    runner: asyncio.Runner, ds: Dataset, out: Path, quick: bool, skip: set[str], notes: list[str]
+    runner: asyncio.Runner,
+    ds: Dataset,
+    out: Path,
+    quick: bool,
+    skip: set[str],
+    notes: list[str],
+    head_fraction: float | None = None,
 ) -> tuple[list[Any], dict[str, float]]:
     from _vectordb_faiss import MemorySystem, OnDiskIvf
     from _vectordb_ours import OursSystem
@@ -71,6 +78,10 @@ def _systems(
     systems: list[Any] = [ours]
     if "fp16" not in skip:  # the same index with float16 posting lists (half the bytes)
         systems.append(OursSystem(runner, ds, cache / "spann", dtype="float16"))
+    if head_fraction is not None:  # fewer, longer lists: for diffuse data
+        fewer = OursSystem(runner, ds, cache / "spann", overrides={"head_fraction": head_fraction})
+        fewer.name = "ours_hf"
+        systems.append(fewer)
     with stdout_to_stderr():  # faiss prints "resizing ..." from C++
         systems.append(OnDiskIvf(ds, cache / "faiss"))
         kinds = [kind for kind in ("ivf", "hnsw") if kind not in skip]
@@ -99,10 +110,10 @@ def run_dataset(
 ) -> tuple[list[Point], dict[str, float], dict[str, Any]]:  # fmt: skip
     from vectordb import SearchParams
 
-    systems, builds = _systems(runner, ds, out, quick, skip, notes)
+    systems, builds = _systems(runner, ds, out, quick, skip, notes, plan.head_fraction)
     sweeps = dict(plan.sweeps)  # the default setting is always measured (the headline uses it)
     sweeps["ours"] = sorted({*sweeps["ours"], SearchParams().max_postings})
-    sweeps["ours_fp16"] = sweeps["ours"]
+    sweeps["ours_fp16"] = sweeps["ours_hf"] = sweeps["ours"]
     points: dict[tuple[str, int], Point] = {}
     extra = {"ours_stats": systems[0].stats}
     try:
@@ -148,6 +159,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--datasets", help="comma-separated, e.g. debian-minilm,gmm-500000")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--skip", default="", help="comma-separated: diskann, update, fp16, hnsw")
+    parser.add_argument("--head-fraction", type=float, help="also run ours with this head_fraction")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     return parser.parse_args(argv)
 
@@ -157,7 +169,7 @@ def run(argv: list[str] | None = None) -> None:
     plan = QUICK if args.quick else FULL
     datasets = args.datasets.split(",") if args.datasets else plan.datasets
     rounds = args.rounds or plan.rounds
-    plan = Plan(rounds, plan.sweeps, datasets, plan.update_steps)
+    plan = Plan(rounds, plan.sweeps, datasets, plan.update_steps, args.head_fraction)
     skip = set(filter(None, args.skip.split(",")))
     started = time.time()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
