@@ -63,9 +63,9 @@ def _rng_select(
     counts = np.zeros(n, np.int64)
     for j in range(c):
         ok = valid[:, j] & (counts < config.replica_count)
-        if j and config.closure != float("inf"):
-            ok &= x_dist[:, j] <= config.closure * np.maximum(x_dist[:, 0], 0.0)
         if j:
+            if config.closure != float("inf"):  # skipped, not multiplied: inf * 0 is nan
+                ok &= x_dist[:, j] <= config.closure * np.maximum(x_dist[:, 0], 0.0)
             too_close = config.rng_factor * head_dist[:, j, :j] < x_dist[:, j : j + 1]
             ok &= ~(accepted[:, :j] & too_close).any(axis=1)
         accepted[:, j] = ok

@@ -68,7 +68,8 @@ def record_dtype(dim: int, dtype: Any) -> np.dtype[Any]:
     )
 
 
-def pages_for(n_records: int, rec_bytes: int) -> int:
+def pages_for(n_records: Any, rec_bytes: int) -> Any:
+    """Pages ``n_records`` records take (an int, or elementwise for an int64 array)."""
     return -(-n_records * rec_bytes // PAGE_BYTES)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
-from vectordb.posting_format import PAGE_BYTES, verify_many
+from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 
 __all__ = ["PostingRead"]
 
@@ -48,7 +48,7 @@ class PostingRead:
         self.pids = np.asarray(pids, np.int64)
         self.dtype = dtype
         self.counts = count[self.pids].astype(np.int64)
-        pages = -(-self.counts * dtype.itemsize // PAGE_BYTES)
+        pages = pages_for(self.counts, dtype.itemsize)
         buffer_pages = np.zeros(len(self.pids) + 1, np.int64)
         np.cumsum(pages, out=buffer_pages[1:])
         self.pages_read = int(buffer_pages[-1])

@@ -31,7 +31,7 @@ import numpy as np
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from vectordb.page_space import PageSpace
-from vectordb.posting_format import PAGE_BYTES, encode, record_dtype
+from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype
 from vectordb.posting_reads import PostingRead
 
 __all__ = ["SPARE_LIMIT_BYTES", "PostingBatch", "PostingItem", "PostingStore"]
@@ -96,7 +96,7 @@ class PostingStore:
         return self._pages(self.count[pids])
 
     def _pages(self, records: np.ndarray | int) -> np.ndarray:
-        return -(-np.asarray(records, np.int64) * self.rec_bytes // PAGE_BYTES)
+        return pages_for(np.asarray(records, np.int64), self.rec_bytes)
 
     def drop(self, pid: int) -> None:
         """Forget a list; its run is reused after the next checkpoint."""
@@ -142,19 +142,15 @@ class PostingStore:
     async def read(self, pids: np.ndarray) -> PostingBatch:
         """The lists' records, verified, copied into one array (for rewrites, not searches)."""
         pids = np.asarray(pids, np.int64)
-        views = await self.read_views(pids)
+        read = self.begin_read(pids)
+        async with aclosing(read.groups()) as groups:
+            async for _ in groups:
+                pass
+        views = read.views(0, len(pids))
         starts = np.zeros(len(pids) + 1, np.int64)
         np.cumsum([len(v) for v in views], out=starts[1:])
         records = np.concatenate(views) if views else np.zeros(0, self.dtype)
         return PostingBatch(pids, records, starts)
-
-    async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:
-        """The lists' records, verified, as one view per list into the read buffer."""
-        read = self.begin_read(np.asarray(pids, np.int64))
-        async with aclosing(read.groups()) as groups:
-            async for _ in groups:
-                pass
-        return read.views(0, len(read.pids))
 
     # ----------------------------------------------------------------- writes
     async def write(self, items: list[PostingItem]) -> None:

@@ -55,26 +55,27 @@ class ProbeScores:
         return self.valid.sum(axis=1)
 
     @staticmethod
-    def live_mask(lists: list[np.ndarray], versions: VersionMap) -> np.ndarray:
-        """Which records of ``lists`` (concatenated) are the live copy of their id. On the
-        loop thread: the version map changes under updates."""
+    def live_mask(lists: list[np.ndarray], versions: VersionMap) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, live) of the records of ``lists`` (concatenated): their ids, and which are
+        the live copy of their id. On the loop thread: the version map changes under updates."""
         if not lists:
-            return np.zeros(0, bool)
+            return np.zeros(0, np.int64), np.zeros(0, bool)
         ids = np.concatenate([r["id"] for r in lists])
-        return versions.valid(ids, np.concatenate([r["version"] for r in lists]))
+        return ids, versions.valid(ids, np.concatenate([r["version"] for r in lists]))
 
-    def add(self, first: int, lists: list[np.ndarray], live: np.ndarray) -> None:
-        """Score lists ``first``, ``first + 1``, ... (their records, in list order; ``live``
-        from :meth:`live_mask`). Releases the GIL in its matrix products: may run on a worker
-        thread, one ``add`` at a time."""
+    def add(
+        self, first: int, lists: list[np.ndarray], ids_live: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        """Score lists ``first``, ``first + 1``, ... (their records, in list order;
+        ``ids_live`` from :meth:`live_mask`). Releases the GIL in its matrix products: may run
+        on a worker thread, one ``add`` at a time."""
         sizes = np.fromiter((len(r) for r in lists), np.int64, len(lists))
         total = int(sizes.sum())
         if total == 0:
             return
         row = np.repeat(np.arange(first, first + len(lists)), sizes)
         col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        self.ids[row, col] = np.concatenate([r["id"] for r in lists])
-        self.valid[row, col] = live
+        self.ids[row, col], self.valid[row, col] = ids_live
         bounds, dist, q = self._bounds, self.dist, self._q
         for u, records in enumerate(lists, start=first):
             n = len(records)

@@ -164,10 +164,9 @@ async def _search_chunk(
     async with aclosing(read.groups(verified=False)) as groups:
         async for first, stop in groups:
             lists = read.views(first, stop)
-            live = ProbeScores.live_mask(lists, index.versions)
-            scoring.append(
-                loop.run_in_executor(index.scorer, _score_group, read, scores, first, lists, live)
-            )
+            ids_live = ProbeScores.live_mask(lists, index.versions)
+            job = (_score_group, read, scores, first, lists, ids_live)
+            scoring.append(loop.run_in_executor(index.scorer, *job))
     outcomes = await asyncio.gather(*scoring, return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
@@ -178,11 +177,15 @@ async def _search_chunk(
 
 
 def _score_group(
-    read: PostingRead, scores: ProbeScores, first: int, lists: list[np.ndarray], live: np.ndarray
+    read: PostingRead,
+    scores: ProbeScores,
+    first: int,
+    lists: list[np.ndarray],
+    ids_live: tuple[np.ndarray, np.ndarray],
 ) -> None:
     """On the scoring thread: check the group's records, then score them."""
     read.verify(first, first + len(lists))
-    scores.add(first, lists, live)
+    scores.add(first, lists, ids_live)
 
 
 def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:
