@@ -57,12 +57,20 @@ class SpannIndex:
         self.next_pid = 0
         self.merge_candidates: set[int] = set()
         self.searches: set[asyncio.Future[None]] = set()
+        # head scans running on the scoring thread while the loop thread goes on (search.py):
+        # the heads must not change under them (rebalance awaits heads_quiet first)
+        self.head_scans: set[asyncio.Future[Any]] = set()
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
         self._lock_fd = -1
         self._file: FileHandle | None = None
         self._closed = False
         self._scorer: ThreadPoolExecutor | None = None
+
+    async def heads_quiet(self) -> None:
+        """Wait until no head scan runs on another thread: call before changing the heads."""
+        while self.head_scans:
+            await asyncio.wait(list(self.head_scans))
 
     @property
     def scorer(self) -> ThreadPoolExecutor:

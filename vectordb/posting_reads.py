@@ -97,6 +97,12 @@ class PostingRead:
             self.pids[first:stop],
         )
 
+    async def finish(self) -> None:
+        """Wait for every read of this batch (errors retrieved, not raised): call before the
+        buffer is reused when :meth:`groups` was not run to its end."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def groups(self, verified: bool = True) -> AsyncIterator[tuple[int, int]]:
         """Yield ``(first, stop)`` list ranges as their reads complete (any order; a range
         whose lists are all empty comes first), verified unless ``verified=False`` (then the

@@ -22,6 +22,7 @@ an in-place append rewrites a tail page with the same bytes before the old count
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -105,11 +106,19 @@ class PostingStore:
             self.capacity[pid] = self.count[pid] = 0
 
     # ----------------------------------------------------------------- reads
-    def begin_read(self, pids: np.ndarray, n_groups: int = 1, pooled: bool = False) -> PostingRead:
+    def begin_read(
+        self,
+        pids: np.ndarray,
+        n_groups: int = 1,
+        pooled: bool = False,
+        allocate: Callable[[int], np.ndarray] | None = None,
+    ) -> PostingRead:
         """Start reading the lists ``pids`` (one submission); see PostingRead. ``pooled``: into
         the spare buffer if it is big enough; the caller then hands the buffer back with
-        :meth:`recycle` once nothing refers to it (no view of it may outlive that)."""
-        allocate = self._spare_or_new if pooled else aligned_empty
+        :meth:`recycle` once nothing refers to it (no view of it may outlive that).
+        ``allocate``: the caller's own buffer source (e.g. a part of :meth:`take_buffer`)."""
+        if allocate is None:
+            allocate = self.take_buffer if pooled else aligned_empty
         read = PostingRead(
             self.engine, self.file, self.dtype, pids, self.start, self.count, n_groups, allocate
         )
@@ -119,7 +128,9 @@ class PostingStore:
         c["bytes_read"] += read.pages_read * PAGE_BYTES
         return read
 
-    def _spare_or_new(self, size_bytes: int) -> np.ndarray:
+    def take_buffer(self, size_bytes: int) -> np.ndarray:
+        """A page-aligned read buffer of at least ``size_bytes``: the spare if it is big
+        enough, else a new one (hand it back with :meth:`recycle`)."""
         if self._spare is not None and len(self._spare) >= size_bytes:
             spare, self._spare = self._spare, None
             return spare

@@ -64,6 +64,7 @@ async def _split(index: SpannIndex, pid: int) -> list[int]:
         items.append(PostingItem(new_pid, ids[rows], versions[rows], stored[rows]))
         items[-1].capacity = posting_capacity(len(rows), limit)
     await index.store.write(items)
+    await index.heads_quiet()
     index.store.drop(pid)
     index.navigator.remove([pid])
     heads = np.stack(new_heads)
@@ -169,6 +170,7 @@ async def _merge(index: SpannIndex, pid: int) -> None:
     if len(rec):
         item = PostingItem(target, rec["id"].copy(), rec["version"].copy(), rec["vector"].copy())
         await index.store.append([item])
+    await index.heads_quiet()
     index.store.drop(pid)
     index.navigator.remove([pid])
     index.counters["merges"] += 1

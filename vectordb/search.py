@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vectordb.batch_reads import BatchReads
 from vectordb.blas_threads import single_threaded_blas
 from vectordb.config import SearchParams
 from vectordb.errors import InvalidVectorsError
@@ -46,6 +47,8 @@ __all__ = ["search"]
 
 _READ_GROUPS = 4  # lists are scored a group at a time while the other groups are read
 _SPLIT_NAVIGATION_AT = 64  # queries: below this the head scan runs on the loop thread alone
+_READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the head scan
+_PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of reads
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
 READ_BUDGET_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # lists read at once (one spare buffer)
 
@@ -97,23 +100,36 @@ async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
 ) -> tuple[np.ndarray, np.ndarray]:
     n_queries = len(queries)
-    pids, head_dist = _navigate(index, queries, params.max_postings)
+    early: BatchReads | None = None
+    if n_queries >= _READ_WHILE_NAVIGATING_AT:
+        pids, head_dist, early, early_queries = await _navigate_reading(index, queries, params)
+    else:
+        pids, head_dist = _navigate(index, queries, params.max_postings)
+        early_queries = 0
     keep = _prune(index.metric, pids, head_dist, params.prune_ratio)
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
-    if keep.any():
-        for rows in _chunks(index, pids, keep):
+    try:
+        for rows in _chunks(index, pids, keep, early_queries):
+            reads, early = early, None  # the early reads belong to the first chunk
             out_ids[rows], out_dist[rows] = await _search_chunk(
-                index, queries[rows], pids[rows], keep[rows], k
+                index, queries[rows], pids[rows], keep[rows], k, reads
             )
+    finally:
+        if early is not None:  # never handed to a chunk: nothing was kept
+            await early.finish()
     index.counters["queries"] += n_queries
     return out_ids, to_scores(index.metric, out_dist)
 
 
-def _chunks(index: SpannIndex, pids: np.ndarray, keep: np.ndarray) -> list[slice]:
+def _chunks(
+    index: SpannIndex, pids: np.ndarray, keep: np.ndarray, first_at_least: int = 0
+) -> list[slice]:
     """Consecutive query ranges, each as long as possible with the union of its lists fitting
     the pooled read buffer (``READ_BUDGET_BYTES``: fresh memory is slow to touch) and its
-    distance matrix within ``_CELL_BUDGET``. A list two ranges share is read by both."""
+    distance matrix within ``_CELL_BUDGET``. A list two ranges share is read by both. The first
+    range holds at least ``first_at_least`` queries (those whose lists were read early: they
+    fit the buffer)."""
     width = pids.shape[1]
     pages = index.store.pages_of(np.where(keep, pids, 0)) * keep  # of each kept probe
     longest = max(int(index.store.count[pids[keep]].max(initial=1)), 1)
@@ -128,8 +144,8 @@ def _chunks(index: SpannIndex, pids: np.ndarray, keep: np.ndarray) -> list[slice
         new_pages = np.zeros(stop - first, np.int64)  # pages each query adds to the union
         np.add.at(new_pages, kept[first_seen] // width, pages[first:stop].ravel()[kept[first_seen]])
         fits = int(np.searchsorted(np.cumsum(new_pages), budget_pages, side="right"))
-        stop = first + max(1, fits)
-        out.append(slice(first, stop))
+        stop = first + max(1, fits, first_at_least if first == 0 else 0)
+        out.append(slice(first, min(stop, n)))
         first = stop
     return out
 
@@ -147,45 +163,108 @@ def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.nda
     return np.concatenate([pids, other_pids]), np.concatenate([dist, other_dist])
 
 
-async def _search_chunk(
-    index: SpannIndex, queries: np.ndarray, pids: np.ndarray, keep: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    probe_query, probe_slot = np.nonzero(keep)
-    unique, list_of = np.unique(pids[probe_query, probe_slot], return_inverse=True)
-    by_list = np.argsort(list_of, kind="stable")
-    probe_query, probe_slot, list_of = probe_query[by_list], probe_slot[by_list], list_of[by_list]
-    bounds = np.searchsorted(list_of, np.arange(len(unique) + 1))
-    read = index.store.begin_read(unique, _READ_GROUPS, pooled=True)
-    scores = ProbeScores(
-        index.metric, queries[probe_query], list_of, bounds, int(read.counts.max(initial=0))
+async def _navigate_reading(
+    index: SpannIndex, queries: np.ndarray, params: SearchParams
+) -> tuple[np.ndarray, np.ndarray, BatchReads, int]:
+    """Navigate a large batch and start reading lists before it is done: the scoring thread
+    scans the back half of the heads in one go while the loop thread scans the front half a
+    piece at a time, starting the reads of each piece's new lists (and yielding, so they are
+    submitted and reaped) before the next piece. The device starts about when the first piece
+    is scanned instead of after the whole batch. Returns (pids, distances, the reads, how many
+    leading queries had their lists read); reads stop once the buffer would overflow."""
+    half = len(queries) // 2
+    want = params.max_postings
+    back = asyncio.wrap_future(index.scorer.submit(index.navigator.search, queries[half:], want))
+    index.head_scans.add(back)  # updaters leave the heads alone until it is done
+    back.add_done_callback(index.head_scans.discard)
+    reads = BatchReads(index.store, READ_BUDGET_BYTES)
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    early_queries = 0
+    try:
+        for first in range(0, half, _PIECE_QUERIES):
+            piece = queries[first : min(first + _PIECE_QUERIES, half)]
+            pids, dist = index.navigator.search(piece, want)
+            parts.append((pids, dist))
+            if early_queries < first:
+                continue  # an earlier piece did not fit: the rest waits for the chunks
+            kept = pids[_prune(index.metric, pids, dist, params.prune_ratio)]
+            new = np.setdiff1d(np.unique(kept), reads.pids, assume_unique=True)
+            if not reads.fits(new):
+                continue
+            reads.start(new)
+            early_queries = first + len(pids)
+            await asyncio.sleep(0)  # the loop submits the read (and reaps earlier ones)
+        parts.append(await back)
+    except BaseException:
+        await asyncio.wait([back])
+        await reads.finish()
+        raise
+    return (
+        np.concatenate([p for p, _ in parts]),
+        np.concatenate([d for _, d in parts]),
+        reads,
+        early_queries,
     )
+
+
+async def _search_chunk(
+    index: SpannIndex,
+    queries: np.ndarray,
+    pids: np.ndarray,
+    keep: np.ndarray,
+    k: int,
+    reads: BatchReads | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score one chunk of queries. ``reads``: reads already started for some of its lists
+    (taken over: the rest of the lists are added to them), else a new set."""
+    probe_query, probe_slot = np.nonzero(keep)
+    probe_pid = pids[probe_query, probe_slot]
+    unique = np.unique(probe_pid)
+    if reads is None:
+        reads = BatchReads(index.store, (int(index.store.pages_of(unique).sum()) + 1) * PAGE_BYTES)
     loop = asyncio.get_running_loop()
     scoring: list[asyncio.Future[None]] = []
-    async with aclosing(read.groups(verified=False)) as groups:
-        async for first, stop in groups:
-            lists = read.views(first, stop)
-            ids_live = ProbeScores.live_mask(lists, index.versions)
-            job = (_score_group, read, scores, first, lists, ids_live)
-            scoring.append(loop.run_in_executor(index.scorer, *job))
-    outcomes = await asyncio.gather(*scoring, return_exceptions=True)
+    try:
+        reads.start_missing(unique, _READ_GROUPS)
+        order = reads.pids  # the batch's list order: list_of indexes it
+        sorter = np.argsort(order)
+        list_of = sorter[np.searchsorted(order, probe_pid, sorter=sorter)]
+        by_list = np.argsort(list_of, kind="stable")
+        probe_query, probe_slot = probe_query[by_list], probe_slot[by_list]
+        list_of = list_of[by_list]
+        bounds = np.searchsorted(list_of, np.arange(len(order) + 1))
+        scores = ProbeScores(index.metric, queries[probe_query], list_of, bounds, reads.longest)
+        async with aclosing(reads.groups()) as groups:
+            async for read, batch_first, first, stop in groups:
+                lists = read.views(first, stop)
+                ids_live = ProbeScores.live_mask(lists, index.versions)
+                job = (_score_group, read, scores, batch_first, first, lists, ids_live)
+                scoring.append(loop.run_in_executor(index.scorer, *job))
+        outcomes = await asyncio.gather(*scoring, return_exceptions=True)
+    except BaseException:
+        await asyncio.gather(*scoring, return_exceptions=True)
+        await reads.finish()
+        raise
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
-    index.store.recycle(read.buffer)  # every read and every view of it is done with
-    _note_small_lists(index, unique, scores.live_counts)
+    reads.release()  # every read and every view of it is done with
+    _note_small_lists(index, order, scores.live_counts)
     return scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
 
 
 def _score_group(
     read: PostingRead,
     scores: ProbeScores,
+    batch_first: int,
     first: int,
     lists: list[np.ndarray],
     ids_live: tuple[np.ndarray, np.ndarray],
 ) -> None:
-    """On the scoring thread: check the group's records, then score them."""
+    """On the scoring thread: check the group's records (lists ``first``... of ``read``),
+    then score them (lists ``batch_first``... of the batch)."""
     read.verify(first, first + len(lists))
-    scores.add(first, lists, ids_live)
+    scores.add(batch_first, lists, ids_live)
 
 
 def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:
