@@ -21,10 +21,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
+from vectordb.widen import widen_float16
 
 __all__ = ["PostingRead"]
 
@@ -86,6 +88,34 @@ class PostingRead:
             self.buffer[offset : offset + n * size].view(self.dtype)
             for offset, n in zip(offsets, counts, strict=True)
         ]
+
+    def vectors(self, first: int, stop: int) -> list[np.ndarray]:
+        """float32 vectors [n, dim] of lists ``first`` .. ``stop - 1``: views of the buffer
+        when stored as float32; float16 widened in one pass over the lists' span (views of a
+        per-thread scratch, valid until this thread's next call); other types converted."""
+        stored = self.dtype["vector"]
+        if stored.base == np.float32 or stored.base != np.float16 or stop <= first:
+            return [
+                records["vector"].astype(np.float32, copy=False)
+                for records in self.views(first, stop)
+            ]
+        size = self.dtype.itemsize
+        low = int(self.byte_offsets[first])
+        high = int(self.byte_offsets[stop - 1]) + int(self.counts[stop - 1]) * size
+        wide = widen_float16(self.buffer[low:high].view(np.float16))
+        dim = stored.shape[0]
+        header = self.dtype.fields["vector"][1] // 2  # values before the vector in a record
+        out = []
+        for offset, n in zip(
+            self.byte_offsets[first:stop].tolist(), self.counts[first:stop].tolist(), strict=True
+        ):
+            at = (offset - low) // 2 + header
+            out.append(
+                as_strided(wide[at:], shape=(n, dim), strides=(size * 2, 4), writeable=False)
+                if n
+                else np.zeros((0, dim), np.float32)
+            )
+        return out
 
     def verify(self, first: int, stop: int) -> None:
         """Check every record of lists ``first`` .. ``stop - 1`` (pure: any thread)."""

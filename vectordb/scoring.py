@@ -64,10 +64,15 @@ class ProbeScores:
         return ids, versions.valid(ids, np.concatenate([r["version"] for r in lists]))
 
     def add(
-        self, first: int, lists: list[np.ndarray], ids_live: tuple[np.ndarray, np.ndarray]
+        self,
+        first: int,
+        lists: list[np.ndarray],
+        ids_live: tuple[np.ndarray, np.ndarray],
+        vectors: list[np.ndarray] | None = None,
     ) -> None:
         """Score lists ``first``, ``first + 1``, ... (their records, in list order;
-        ``ids_live`` from :meth:`live_mask`). Releases the GIL in its matrix products: may run
+        ``ids_live`` from :meth:`live_mask`; ``vectors``: their vectors as float32 if already
+        widened, e.g. PostingRead.vectors). Releases the GIL in its matrix products: may run
         on a worker thread, one ``add`` at a time."""
         sizes = np.fromiter((len(r) for r in lists), np.int64, len(lists))
         total = int(sizes.sum())
@@ -77,17 +82,16 @@ class ProbeScores:
         col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         self.ids[row, col], self.valid[row, col] = ids_live
         bounds, dist, q = self._bounds, self.dist, self._q
-        for u, records in enumerate(lists, start=first):
-            n = len(records)
+        if vectors is None:
+            vectors = [r["vector"].astype(np.float32, copy=False) for r in lists]
+        for u, block in enumerate(vectors, start=first):
+            n = len(block)
             if not n:
                 continue
-            vectors = records["vector"]
-            if vectors.dtype != np.float32:
-                vectors = vectors.astype(np.float32)
             lo, hi = bounds[u], bounds[u + 1]
-            np.matmul(q[lo:hi], vectors.T, out=dist[lo:hi, :n])
+            np.matmul(q[lo:hi], block.T, out=dist[lo:hi, :n])
             if self._norms is not None:
-                self._norms[u, :n] = np.einsum("ij,ij->i", vectors, vectors)
+                self._norms[u, :n] = np.einsum("ij,ij->i", block, block)
 
     def best(
         self,
