@@ -8,7 +8,13 @@
 * ``gmm-<n>``: ``n`` vectors drawn from a Gaussian mixture fitted to debian-minilm (faiss k-means
   with 256 components; per component the member mean and per-dimension std; weights = sizes),
   then L2-normalised; 1,000 queries from the same mixture with another seed. Exact ground truth
-  by brute force in base chunks.
+  by brute force in base chunks. Diagonal components drop every correlation between
+  dimensions: within a component the points fill all 384 dimensions, far more diffuse than
+  the real embeddings (a stress case for any partitioned index).
+* ``gmmfull-<n>``: the same mixture with full covariance: per component the members' mean and
+  sample covariance (the maximum-likelihood fit), sampled as mean + z @ centred members /
+  sqrt(members - 1) with z standard normal, so each component keeps the correlations (and
+  the low intrinsic dimension) of the real points it was fitted to.
 
 Everything derived is cached as .npy under benchmarks/out/vectordb/data/ (memory-mapped when
 read back, so the 2M set does not have to fit next to the indexes).
@@ -76,6 +82,8 @@ def load(name: str, data_dir: Path) -> Dataset | None:
         return _fmnist(data_dir)
     if name.startswith("gmm-"):
         return _gmm(int(name.removeprefix("gmm-")), data_dir)
+    if name.startswith("gmmfull-"):
+        return _gmm(int(name.removeprefix("gmmfull-")), data_dir, full=True)
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -127,7 +135,15 @@ def _cached(path: Path, make) -> np.ndarray:  # type: ignore[no-untyped-def]
     return np.load(path, mmap_mode="r")
 
 
-def _fit_mixture(real: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@dataclass
+class _Mixture:
+    means: np.ndarray  # [components, d]
+    stds: np.ndarray  # [components, d] per-dimension (diagonal mixture)
+    centred: list[np.ndarray]  # per component its members minus their mean (full covariance)
+    weights: np.ndarray  # [components]
+
+
+def _fit_mixture(real: np.ndarray) -> _Mixture:
     kmeans = faiss.Kmeans(real.shape[1], _GMM_COMPONENTS, niter=20, seed=1, verbose=False)
     kmeans.train(real)
     _, labels = kmeans.index.search(real, 1)
@@ -135,40 +151,54 @@ def _fit_mixture(real: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     counts = np.bincount(labels, minlength=_GMM_COMPONENTS).astype(np.float64)
     means = np.zeros((_GMM_COMPONENTS, real.shape[1]), np.float32)
     stds = np.zeros_like(means)
+    centred = [np.zeros((0, real.shape[1]), np.float32)] * _GMM_COMPONENTS
     for c in np.flatnonzero(counts):
         members = real[labels == c]
         means[c], stds[c] = members.mean(axis=0), members.std(axis=0)
-    return means, stds, counts / counts.sum()
+        centred[c] = members - means[c]
+    return _Mixture(means, stds, centred, counts / counts.sum())
 
 
-def _sample(mixture: tuple, n: int, seed: int) -> np.ndarray:  # type: ignore[type-arg]
-    means, stds, weights = mixture
+def _sample(mixture: _Mixture, n: int, seed: int, full: bool = False) -> np.ndarray:
+    means, stds = mixture.means, mixture.stds
     rng = np.random.default_rng(seed)
-    comp = rng.choice(len(weights), size=n, p=weights)
-    out = means[comp] + stds[comp] * rng.standard_normal((n, means.shape[1]), np.float32)
+    comp = rng.choice(len(mixture.weights), size=n, p=mixture.weights)
+    if not full:
+        out = means[comp] + stds[comp] * rng.standard_normal((n, means.shape[1]), np.float32)
+    else:
+        out = means[comp]
+        for c in np.unique(comp):
+            rows = np.flatnonzero(comp == c)
+            members = mixture.centred[c]
+            if len(members) < 2:
+                continue  # one member: its mean, no spread to fit
+            z = rng.standard_normal((len(rows), len(members)), np.float32)
+            out[rows] += z @ members / np.float32(np.sqrt(len(members) - 1))
     out /= np.linalg.norm(out, axis=1, keepdims=True)
     return out.astype(np.float32)
 
 
-def _gmm(n: int, data_dir: Path) -> Dataset | None:
+def _gmm(n: int, data_dir: Path, full: bool = False) -> Dataset | None:
     minilm = _minilm()
     if minilm is None:
         return None
-    base_path = data_dir / f"gmm-{n}_base.npy"
+    name = f"{'gmmfull' if full else 'gmm'}-{n}"
+    base_path = data_dir / f"{name}_base.npy"
     if not base_path.exists():
-        log(f"gmm-{n}: fitting a {_GMM_COMPONENTS}-component mixture, sampling {n:,} vectors")
+        log(f"{name}: fitting a {_GMM_COMPONENTS}-component mixture, sampling {n:,} vectors")
         mixture = _fit_mixture(np.ascontiguousarray(minilm.base))
-        partial = data_dir / f"gmm-{n}_base.partial.npy"
+        partial = data_dir / f"{name}_base.partial.npy"
         data_dir.mkdir(parents=True, exist_ok=True)
         array = np.lib.format.open_memmap(partial, "w+", np.float32, (n, minilm.base.shape[1]))
         for i, start in enumerate(range(0, n, _CHUNK)):  # chunked: 2M x 384 is 3 GiB
-            array[start : start + _CHUNK] = _sample(mixture, min(_CHUNK, n - start), 100 + i)
+            rows = min(_CHUNK, n - start)
+            array[start : start + _CHUNK] = _sample(mixture, rows, 100 + i, full)
         array.flush()
         del array
-        np.save(data_dir / f"gmm-{n}_queries.npy", _sample(mixture, 1000, 99))
+        np.save(data_dir / f"{name}_queries.npy", _sample(mixture, 1000, 99, full))
         shutil.move(partial, base_path)
     base = np.load(base_path, mmap_mode="r")
-    queries = np.load(data_dir / f"gmm-{n}_queries.npy")
+    queries = np.load(data_dir / f"{name}_queries.npy")
     ip = faiss.METRIC_INNER_PRODUCT
-    gt = _cached(data_dir / f"gmm-{n}_gt.npy", lambda: exact_knn(base, queries, GT_K, ip))
-    return Dataset(f"gmm-{n}", base, queries, gt, "cosine")
+    gt = _cached(data_dir / f"{name}_gt.npy", lambda: exact_knn(base, queries, GT_K, ip))
+    return Dataset(name, base, queries, gt, "cosine")
