@@ -10,6 +10,7 @@ from _vectordb_update import UpdateResult
 LABELS = {
     "ours": "ours (SPANN, cold cache)",
     "ours_fp16": "ours, float16 lists (cold cache)",
+    "ours_uint8": "ours, uint8 lists (exact for 0..255 pixels; cold cache)",
     "ours_hf": "ours, --head-fraction heads (cold cache)",
     "faiss_ondisk": "faiss IVF OnDisk (cold cache)",
     "faiss_ivf": "faiss IVF-Flat (RAM)",
@@ -150,6 +151,11 @@ def verdicts(
             f"{resident_fraction:.1%}",
         ),
     ]
+    for variant in ("ours_fp16", "ours_uint8"):  # other list precisions (not the default)
+        mine, peer = at.get(variant), at.get("faiss_ondisk")
+        if mine and peer:
+            detail = f"{mine / peer:.2f}x"
+            out.append(line(f"same, {LABELS[variant]}", mine / peer >= 2, detail))
     if upd is not None:
         low = min(upd.min_recall, upd.recall_after_reopen)
         out.append(line("recall@10 >= 0.9 through the updates", low >= 0.9, f"min {low:.4f}"))

@@ -6,10 +6,14 @@ For a batch of queries:
    the loop and scoring threads; numpy's BLAS held to one thread meanwhile: blas_threads);
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
-3. the union of the lists over the whole batch is read in ONE I/O-core submission (a list two
-   queries need is read once) and every record's check word is verified; the lists arrive in
-   a few groups, each checked and scored on the index's scoring thread (numpy releases the
-   GIL) while the loop thread submits and reaps the rest;
+3. the union of the lists over the whole batch is read once (a list two queries need is read
+   once) and every record's check word is verified; the lists arrive in a few groups, each
+   checked and scored on the index's scoring thread (numpy releases the GIL) while the loop
+   thread submits and reaps the rest. From ``_READ_WHILE_NAVIGATING_AT`` queries the reads
+   start during step 1: each piece of the loop thread's share of the head scan starts the
+   reads of its new lists, so the device works while the heads are still being scanned (the
+   scan was ~40% of a batch's CPU); the rest of the lists follow in one submission
+   (batch_reads.BatchReads: all of them in one buffer);
 4. exact distances per list (one matrix product with the queries that probe it), stale copies
    (older version) and deleted ids masked out, and per query the best ``k`` distinct ids
    (replicas counted once): scoring.ProbeScores.
