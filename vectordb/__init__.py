@@ -12,7 +12,7 @@ long; deletes are tombstones; every acknowledged update is in a write-ahead log 
     await index.aclose()
 """
 
-from vectordb.config import IndexConfig, SearchParams
+from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import (
     DuplicateIdError,
     IndexClosedError,
@@ -31,4 +31,5 @@ __all__ = [
     "Metric",
     "SearchParams",
     "SpannIndex",
+    "default_postings",
 ]

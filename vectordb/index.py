@@ -25,7 +25,7 @@ from tiers.engine import FileHandle, IOEngine
 from tiers.errors import EngineClosedError, FileMissingError
 from tiers.factory import create_engine
 from tiers.tier_directory import lock_directory, unlock_directory
-from vectordb.config import IndexConfig, SearchParams
+from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import IndexClosedError, IndexConfigError
 from vectordb.meta import MetaStore
 from vectordb.metric import Metric
@@ -275,6 +275,7 @@ class SpannIndex:
         return {
             "n_vectors": n_vectors,
             "n_heads": self.navigator.n_heads,
+            "default_max_postings": default_postings(self.navigator.n_heads),
             "resident_bytes": resident,
             "raw_vector_bytes": raw,
             "resident_fraction": resident / raw if raw else 0.0,

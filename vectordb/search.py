@@ -2,7 +2,8 @@
 
 For a batch of queries:
 
-1. the navigator gives each query its ``max_postings`` nearest heads (a large batch split over
+1. the navigator gives each query its ``max_postings`` nearest heads (config.default_postings
+   when not set: it grows with the number of heads; a large batch split over
    the loop and scoring threads; numpy's BLAS held to one thread meanwhile: blas_threads);
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
@@ -36,7 +37,7 @@ import numpy as np
 
 from vectordb.batch_reads import BatchReads
 from vectordb.blas_threads import single_threaded_blas
-from vectordb.config import SearchParams
+from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
 from vectordb.metric import Metric, prepare, to_scores
 from vectordb.posting_format import PAGE_BYTES
@@ -105,11 +106,13 @@ async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
 ) -> tuple[np.ndarray, np.ndarray]:
     n_queries = len(queries)
+    want = params.max_postings or default_postings(index.navigator.n_heads)
     early: BatchReads | None = None
     if n_queries >= _READ_WHILE_NAVIGATING_AT:
-        pids, head_dist, early, early_queries = await _navigate_reading(index, queries, params)
+        navigated = await _navigate_reading(index, queries, want, params.prune_ratio)
+        pids, head_dist, early, early_queries = navigated
     else:
-        pids, head_dist = _navigate(index, queries, params.max_postings)
+        pids, head_dist = _navigate(index, queries, want)
         early_queries = 0
     keep = _prune(index.metric, pids, head_dist, params.prune_ratio)
     out_ids = np.full((n_queries, k), -1, np.int64)
@@ -169,7 +172,7 @@ def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.nda
 
 
 async def _navigate_reading(
-    index: SpannIndex, queries: np.ndarray, params: SearchParams
+    index: SpannIndex, queries: np.ndarray, want: int, prune_ratio: float
 ) -> tuple[np.ndarray, np.ndarray, BatchReads, int]:
     """Navigate a large batch and start reading lists before it is done: the scoring thread
     scans the back half of the heads in one go while the loop thread scans the front half a
@@ -178,7 +181,6 @@ async def _navigate_reading(
     is scanned instead of after the whole batch. Returns (pids, distances, the reads, how many
     leading queries had their lists read); reads stop once the buffer would overflow."""
     half = int(len(queries) * _FRONT_SHARE)
-    want = params.max_postings
     back = asyncio.wrap_future(index.scorer.submit(index.navigator.search, queries[half:], want))
     index.head_scans.add(back)  # updaters leave the heads alone until it is done
     back.add_done_callback(index.head_scans.discard)
@@ -192,7 +194,7 @@ async def _navigate_reading(
             parts.append((pids, dist))
             if early_queries < first:
                 continue  # an earlier piece did not fit: the rest waits for the chunks
-            kept = pids[_prune(index.metric, pids, dist, params.prune_ratio)]
+            kept = pids[_prune(index.metric, pids, dist, prune_ratio)]
             new = np.setdiff1d(np.unique(kept), reads.pids, assume_unique=True)
             if not reads.fits(new):
                 continue

@@ -17,6 +17,7 @@ from vectordb import (
     InvalidVectorsError,
     SearchParams,
     SpannIndex,
+    default_postings,
 )
 from vectordb.errors import IndexClosedError
 from vectordb.metric import Metric
@@ -114,6 +115,31 @@ def test_bad_configs() -> None:
     for closure in (0.5, float("nan")):
         with pytest.raises(IndexConfigError, match="closure"):
             IndexConfig(dim=4, closure=closure)
+
+
+def test_the_default_knob_grows_with_the_heads(tmp_path: Path) -> None:
+    assert [default_postings(h) for h in (0, 10, 5000)] == [8, 8, 8]
+    assert default_postings(20_000) == 16 and default_postings(160_000) == 45
+    sizes = [default_postings(h) for h in range(0, 10**6, 7919)]
+    assert sizes == sorted(sizes)  # never fewer lists for a bigger index
+    assert SearchParams().max_postings is None
+
+    vectors = clustered(2000, 8, seed=50)
+    queries = clustered(40, 8, seed=51)
+
+    async def main() -> None:
+        async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8)) as index:
+            await index.build(None, vectors)
+            stats = index.stats()
+            assert stats["default_max_postings"] == default_postings(stats["n_heads"])
+            default = await index.search(queries, k=5)
+            explicit = SearchParams(max_postings=stats["default_max_postings"])
+            same = await index.search(queries, k=5, params=explicit)
+            other = await index.search(queries, k=5, params=SearchParams(max_postings=1))
+        np.testing.assert_array_equal(default[0], same[0])
+        assert not np.array_equal(default[0], other[0])
+
+    asyncio.run(main())
 
 
 def test_uint8_vectors(tmp_path: Path) -> None:
