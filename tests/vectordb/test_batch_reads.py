@@ -82,8 +82,8 @@ def test_reading_while_navigating_answers_as_single_queries(
     covered: list[tuple[int, int]] = []
     navigate = search_module._navigate_reading
 
-    async def spy(index, queries, params):  # type: ignore[no-untyped-def]
-        out = await navigate(index, queries, params)
+    async def spy(index, queries, *args):  # type: ignore[no-untyped-def]
+        out = await navigate(index, queries, *args)
         covered.append((out[3], len(queries)))
         return out
 
