@@ -94,7 +94,7 @@ class PostingRead:
         when stored as float32; float16 widened in one pass over the lists' span (views of a
         per-thread scratch, valid until this thread's next call); other types converted."""
         stored = self.dtype["vector"]
-        if stored.base == np.float32 or stored.base != np.float16 or stop <= first:
+        if stored.base != np.float16 or stop <= first:
             return [
                 records["vector"].astype(np.float32, copy=False)
                 for records in self.views(first, stop)

@@ -110,15 +110,12 @@ class PostingStore:
         self,
         pids: np.ndarray,
         n_groups: int = 1,
-        pooled: bool = False,
-        allocate: Callable[[int], np.ndarray] | None = None,
+        allocate: Callable[[int], np.ndarray] = aligned_empty,
     ) -> PostingRead:
-        """Start reading the lists ``pids`` (one submission); see PostingRead. ``pooled``: into
-        the spare buffer if it is big enough; the caller then hands the buffer back with
-        :meth:`recycle` once nothing refers to it (no view of it may outlive that).
-        ``allocate``: the caller's own buffer source (e.g. a part of :meth:`take_buffer`)."""
-        if allocate is None:
-            allocate = self.take_buffer if pooled else aligned_empty
+        """Start reading the lists ``pids`` (one submission); see PostingRead. ``allocate``
+        gives the buffer: a fresh one by default, :meth:`take_buffer` for the reusable spare
+        (the caller then hands it back with :meth:`recycle` once nothing refers to it), or a
+        part of a larger buffer (batch_reads)."""
         read = PostingRead(
             self.engine, self.file, self.dtype, pids, self.start, self.count, n_groups, allocate
         )

@@ -84,16 +84,16 @@ def test_pooled_reads_reuse_the_recycled_buffer(tmp_path: Path) -> None:
 
     async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
         await store.write([PostingItem(pid, *make(50)) for pid in range(8)])
-        first = store.begin_read(np.arange(8, dtype=np.int64), 2, pooled=True)
+        first = store.begin_read(np.arange(8, dtype=np.int64), 2, allocate=store.take_buffer)
         async with aclosing(first.groups()) as groups:
             async for _ in groups:
                 pass
         store.recycle(first.buffer)
         assert store.stats()["spare_buffer_bytes"] == len(first.buffer)
-        smaller = store.begin_read(np.arange(3, dtype=np.int64), 2, pooled=True)
+        smaller = store.begin_read(np.arange(3, dtype=np.int64), 2, allocate=store.take_buffer)
         assert smaller.buffer is first.buffer  # taken: the next pooled read allocates
         assert store.stats()["spare_buffer_bytes"] == 0
-        other = store.begin_read(np.arange(3, dtype=np.int64), 1, pooled=True)
+        other = store.begin_read(np.arange(3, dtype=np.int64), 1, allocate=store.take_buffer)
         assert other.buffer is not first.buffer
         async with aclosing(smaller.groups()) as groups:
             async for a, b in groups:
@@ -118,7 +118,7 @@ def test_a_spare_too_small_stays_until_a_larger_buffer_is_recycled(tmp_path: Pat
         await store.write([PostingItem(pid, *make(50)) for pid in range(8)])
         tiny = aligned_empty(2 * PAGE_BYTES)
         store.recycle(tiny)
-        read = store.begin_read(np.arange(8, dtype=np.int64), 2, pooled=True)
+        read = store.begin_read(np.arange(8, dtype=np.int64), 2, allocate=store.take_buffer)
         assert read.buffer is not tiny and len(read.buffer) > len(tiny)
         assert store.stats()["spare_buffer_bytes"] == len(tiny)  # not thrown away
         async with aclosing(read.groups()) as groups:
