@@ -67,15 +67,18 @@ class BatchReads:
         return part
 
     def start(self, pids: np.ndarray, n_groups: int = 1) -> None:
-        """Start reading ``pids`` (sorted, none already started) into the next part."""
+        """Start reading ``pids`` (unique, none already started) into the next part, in the
+        order of their place in the file (lists back to back there are read together)."""
         if len(pids) == 0:
             return
+        pids = np.asarray(pids, np.int64)
+        pids = pids[np.argsort(self._store.start[pids], kind="stable")]
         self.offsets.append(sum(len(p) for p in self._pids))
-        self._pids.append(np.asarray(pids, np.int64))
+        self._pids.append(pids)
         self.reads.append(self._store.begin_read(pids, n_groups, allocate=self._carve))
 
     def start_missing(self, pids: np.ndarray, n_groups: int) -> None:
-        """Start reading those of ``pids`` (sorted, unique) not started yet."""
+        """Start reading those of ``pids`` (unique) not started yet."""
         self.start(np.setdiff1d(pids, self.pids, assume_unique=True), n_groups)
 
     async def groups(self) -> AsyncIterator[tuple[PostingRead, int, int, int]]:

@@ -6,7 +6,10 @@
 4. trim lists over ``posting_limit`` to their nearest members, but never take a vector's last
    copy (such a vector stays in its nearest list);
 5. split, in memory, the few lists that the rescued vectors took over the limit;
-6. write the lists (each with some headroom for appends) and checkpoint.
+6. write the lists back to back in head order (heads come in the k-means tree's depth-first
+   order, so lists near in space are near in the file and one request reads several; no room
+   for appends beyond each list's last page: a list that grows moves, with headroom, to a new
+   run) and checkpoint.
 
 Atomic: the index is visibly built only when the checkpoint commits; a crash before leaves the
 empty index of the last checkpoint (its posting pages are free space again on open).
@@ -142,7 +145,6 @@ async def _write_lists(
     stored: np.ndarray,
     progress: bool,
 ) -> None:
-    limit = index.config.posting_limit
     bounds = np.flatnonzero(np.diff(pid_of)) + 1
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(pid_of)]])
@@ -151,9 +153,7 @@ async def _write_lists(
     with tqdm(total=len(starts), desc="write", disable=not progress, unit="list") as bar:
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             r = rows[a:b]
-            item = PostingItem(int(pid_of[a]), ids[r], versions[r], stored[r])
-            item.capacity = posting_capacity(b - a, limit)
-            items.append(item)
+            items.append(PostingItem(int(pid_of[a]), ids[r], versions[r], stored[r]))
             pending_bytes += (b - a) * index.store.rec_bytes
             if pending_bytes >= _WRITE_BATCH_BYTES:
                 await index.store.write(items)

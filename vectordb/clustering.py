@@ -6,6 +6,10 @@ vectors; each leaf contributes one head: its member nearest the leaf's mean (hea
 vectors, as in SPANN). Clusters that k-means leaves lopsided are simply split further, which keeps
 leaves near the target size, the property SPANN's balance penalty exists for.
 
+Heads come out in the tree's depth-first order, so heads adjacent in that order are near each
+other in space: build numbers posting lists in it and lays them out on disk in it, so lists a
+query batch needs together often sit side by side and are read in one request.
+
 Thread-safety: pure functions (faiss uses its own OpenMP threads).
 """
 
@@ -32,7 +36,8 @@ def select_heads(
     seed: int = 0,
     on_progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
-    """Row indices of the chosen heads (sorted). ``vectors``: prepared float32 [n, dim]."""
+    """Row indices of the chosen heads, unique, in depth-first order of the k-means tree.
+    ``vectors``: prepared float32 [n, dim]."""
     n = len(vectors)
     if n == 0:
         return np.zeros(0, np.int64)
@@ -57,8 +62,8 @@ def select_heads(
         children = [c for c in children if len(c)]
         if len(children) == 1:  # k-means could not separate them (duplicates): cut by position
             children = np.array_split(rows, k)
-        stack.extend(children)
-    return np.sort(np.asarray(heads, np.int64))
+        stack.extend(reversed(children))  # popped first child first: depth-first order
+    return np.asarray(heads, np.int64)
 
 
 def two_means(vectors: np.ndarray, seed: int = 0) -> np.ndarray:

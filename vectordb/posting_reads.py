@@ -5,6 +5,10 @@ A search needs a few thousand lists at once. All of them are submitted together 
 one iteration into one ``io_uring_enter``), so the device sees the whole batch; the groups are
 only the unit of delivery: the caller scores one group while the others are still in flight.
 
+Lists that lie back to back in the file (build lays them out in head order, and a batch's
+lists are near each other: clustering.py) are read by one request: the device serves a few large
+reads faster than many small ones.
+
 Each list lands page-aligned in one shared buffer; a group's records are verified
 (``verify_many``) before it is handed over, so a caller never sees an unchecked record.
 
@@ -28,7 +32,31 @@ from tiers.engine import FileHandle, IOEngine
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16
 
-__all__ = ["PostingRead"]
+__all__ = ["PostingRead", "coalesce"]
+
+MAX_REQUEST_BYTES = 4 << 20  # a merged read stops growing here (the device splits it anyway)
+
+
+def coalesce(
+    file_offsets: np.ndarray, lengths: np.ndarray, buffer_offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge each request with the previous one when both its file and its buffer range start
+    where the previous one's end (up to ``MAX_REQUEST_BYTES`` per merged request)."""
+    n = len(file_offsets)
+    if n <= 1:
+        return file_offsets, lengths, buffer_offsets
+    follows = (file_offsets[1:] == file_offsets[:-1] + lengths[:-1]) & (
+        buffer_offsets[1:] == buffer_offsets[:-1] + lengths[:-1]
+    )
+    run_id = np.concatenate([[0], np.cumsum(~follows)])
+    # cut runs that would grow past the cap: bytes from the run's start, in whole caps
+    run_first = np.flatnonzero(np.concatenate([[True], ~follows]))
+    into_run = buffer_offsets - buffer_offsets[run_first][run_id]
+    piece = run_id * (1 << 32) + (into_run + lengths - 1) // MAX_REQUEST_BYTES
+    starts = np.flatnonzero(np.concatenate([[True], piece[1:] != piece[:-1]]))
+    ends = np.concatenate([starts[1:], [n]]) - 1
+    merged = buffer_offsets[ends] + lengths[ends] - buffer_offsets[starts]
+    return file_offsets[starts], merged, buffer_offsets[starts]
 
 
 class PostingRead:
@@ -62,21 +90,22 @@ class PostingRead:
         self.edges = np.unique(np.concatenate([[0], cuts, [len(self.pids)]]))
         file_offsets = start[self.pids] * PAGE_BYTES
         self._tasks: list[asyncio.Future[None]] = []
+        self.lists_read = int((pages > 0).sum())
+        self.requests = 0  # I/O requests submitted (lists back to back in the file share one)
         for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
             has = pages[first:stop] > 0
             if not has.any():
                 continue
-            read = engine.read_batch(
-                file,
-                self.buffer,
+            requests = coalesce(
                 file_offsets[first:stop][has],
                 pages[first:stop][has] * PAGE_BYTES,
                 self.byte_offsets[first:stop][has],
             )
+            self.requests += len(requests[0])
+            read = engine.read_batch(file, self.buffer, *requests)
             task = asyncio.ensure_future(read)
             task.group = (first, stop)  # type: ignore[attr-defined]
             self._tasks.append(task)
-        self.requests = int((pages > 0).sum())
 
     def views(self, first: int, stop: int) -> list[np.ndarray]:
         """Records of lists ``first`` .. ``stop - 1`` (after their group landed), one view per

@@ -70,7 +70,13 @@ class PostingStore:
         self.start = np.zeros(0, np.int64)
         self.capacity = np.zeros(0, np.int32)  # records the run can hold; 0: no list
         self.count = np.zeros(0, np.int32)
-        self.counters = {"posting_reads": 0, "pages_read": 0, "bytes_read": 0, "pages_written": 0}
+        self.counters = {
+            "posting_reads": 0,  # lists read
+            "read_requests": 0,  # I/O requests they took (adjacent lists share one)
+            "pages_read": 0,
+            "bytes_read": 0,
+            "pages_written": 0,
+        }
         self._spare: np.ndarray | None = None  # a search's read buffer, kept for the next one
 
     # ----------------------------------------------------------------- directory
@@ -120,7 +126,8 @@ class PostingStore:
             self.engine, self.file, self.dtype, pids, self.start, self.count, n_groups, allocate
         )
         c = self.counters
-        c["posting_reads"] += read.requests
+        c["posting_reads"] += read.lists_read
+        c["read_requests"] += read.requests
         c["pages_read"] += read.pages_read
         c["bytes_read"] += read.pages_read * PAGE_BYTES
         return read
@@ -167,8 +174,9 @@ class PostingStore:
             return
         runs: list[tuple[int, int]] = []
         for item in items:
-            capacity = max(item.capacity, len(item.ids), 1)
-            runs.append((await self.space.allocate(int(self._pages(capacity))), capacity))
+            pages = int(self._pages(max(item.capacity, len(item.ids), 1)))
+            capacity = pages * PAGE_BYTES // self.rec_bytes  # the last page's room is free
+            runs.append((await self.space.allocate(pages), capacity))
         used_pages = [int(self._pages(len(item.ids))) for item in items]
         buffer = aligned_empty(sum(used_pages) * PAGE_BYTES)
         offset = 0

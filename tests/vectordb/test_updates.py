@@ -21,7 +21,7 @@ CONFIG = IndexConfig(dim=DIM, posting_limit=16, merge_threshold=3, reassign_neig
 
 
 async def assert_matches_model(index: SpannIndex, model: dict[int, np.ndarray], seed: int) -> None:
-    queries = clustered(20, DIM, seed=seed)
+    queries = clustered(20, index.config.dim, seed=seed)
     found, scores = await index.search(queries, k=5, params=EVERYTHING)
     if not model:
         assert (found == -1).all()
@@ -141,8 +141,9 @@ def test_runs_freed_by_rewrites_force_a_checkpoint(tmp_path: Path, monkeypatch) 
     from vectordb import updates
 
     monkeypatch.setattr(updates, "_GARBAGE_MIN_PAGES", 64, raising=False)
-    config = IndexConfig(dim=DIM, posting_limit=16, merge_threshold=3, checkpoint_wal_bytes=1 << 30)
-    base, extra = clustered(400, DIM, seed=20), clustered(2500, DIM, seed=21)
+    dim = 64  # records of 280 bytes: a list spans pages, so moves and splits free runs
+    config = IndexConfig(dim=dim, posting_limit=16, merge_threshold=3, checkpoint_wal_bytes=1 << 30)
+    base, extra = clustered(400, dim, seed=20), clustered(2500, dim, seed=21)
 
     async def main() -> None:
         async with await SpannIndex.create(tmp_path / "i", config) as index:
