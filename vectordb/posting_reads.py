@@ -32,7 +32,7 @@ from tiers.engine import FileHandle, IOEngine
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16
 
-__all__ = ["PostingRead", "coalesce"]
+__all__ = ["MAX_REQUEST_BYTES", "PostingRead", "coalesce"]
 
 MAX_REQUEST_BYTES = 4 << 20  # a merged read stops growing here (the device splits it anyway)
 

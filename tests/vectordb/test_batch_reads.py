@@ -159,3 +159,29 @@ def test_heads_quiet_waits_for_a_running_head_scan() -> None:
         await asyncio.wait_for(waiter, 1)
 
     asyncio.run(main())
+
+
+def test_a_read_takes_its_lists_in_file_order(tmp_path: Path) -> None:
+    """Lists are numbered in the batch by their place in the file, so lists back to back
+    there share a request: a list that moved comes last and is read on its own."""
+    make = _Maker(8)
+    written = {pid: make(n) for pid, n in enumerate([30, 12, 44, 3, 23, 9])}
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *rec) for pid, rec in written.items()])
+        await store.append([PostingItem(1, *make(80))])  # moves to the end of the file
+        reads = BatchReads(store, 128 * PAGE_BYTES)
+        before = store.counters["read_requests"]
+        reads.start(np.array([5, 1, 0, 3, 2, 4]))
+        np.testing.assert_array_equal(reads.pids, [0, 2, 3, 4, 5, 1])
+        assert store.counters["read_requests"] - before == 2
+        async with aclosing(reads.groups()) as groups:
+            async for read, batch_first, first, stop in groups:
+                read.verify(first, stop)
+                for i, records in enumerate(read.views(first, stop)):
+                    pid = int(reads.pids[batch_first + i])
+                    want = written[pid][0]
+                    np.testing.assert_array_equal(records["id"][: len(want)], want)
+        reads.release()
+
+    _run_store(tmp_path, body)

@@ -1,7 +1,8 @@
 """PostingRead (a search's grouped read) on a real file through a real engine: every list is
 handed over exactly once whatever the grouping, records equal what was written, a corrupt
-page is caught (by ``groups()`` or by ``verify`` when the caller checks), and a pooled read
-reuses the buffer a finished one handed back."""
+page is caught (by ``groups()`` or by ``verify`` when the caller checks), a pooled read
+reuses the buffer a finished one handed back, and lists back to back in the file are read by
+one request (``coalesce``, checked against a byte-map model)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from tiers.errors import CorruptionError
 from vectordb.posting_format import PAGE_BYTES
+from vectordb.posting_reads import MAX_REQUEST_BYTES, coalesce
 from vectordb.posting_store import SPARE_LIMIT_BYTES, PostingItem, PostingStore
 
 
@@ -126,5 +128,65 @@ def test_a_spare_too_small_stays_until_a_larger_buffer_is_recycled(tmp_path: Pat
                 pass
         store.recycle(read.buffer)
         assert store.stats()["spare_buffer_bytes"] == len(read.buffer)
+
+    _run_store(tmp_path, body)
+
+
+def _byte_map(file_offsets: np.ndarray, lengths: np.ndarray, buffer_offsets: np.ndarray) -> dict:
+    """Which file byte each buffer byte comes from (the model a merge must keep)."""
+    out: dict[int, int] = {}
+    for f, n, b in zip(
+        file_offsets.tolist(), lengths.tolist(), buffer_offsets.tolist(), strict=True
+    ):
+        for i in range(0, n, PAGE_BYTES):  # page granularity is enough: requests are in pages
+            out[b + i] = f + i
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pages=st.lists(st.integers(1, 1200), min_size=0, max_size=30),
+    jumps=st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_coalesce_keeps_every_byte_where_it_was_going(pages: list[int], jumps: list[bool]) -> None:
+    """Requests packed back to back in the buffer; in the file some follow the previous one
+    and some jump: merged requests move the same bytes to the same places, none follows its
+    predecessor in both places any more, and none grows past the cap by more than one list."""
+    lengths = np.array(pages, np.int64) * PAGE_BYTES
+    buffer_offsets = np.cumsum(lengths) - lengths
+    file_offsets = buffer_offsets + np.cumsum(np.array(jumps[: len(pages)], np.int64)) * (7 << 30)
+    merged = coalesce(file_offsets, lengths, buffer_offsets)
+    assert _byte_map(*merged) == _byte_map(file_offsets, lengths, buffer_offsets)
+    f, n, b = merged
+    assert n.sum() == lengths.sum()
+    follows = (f[1:] == f[:-1] + n[:-1]) & (b[1:] == b[:-1] + n[:-1])
+    assert not (follows & (n[:-1] + n[1:] <= MAX_REQUEST_BYTES)).any(), "a merge was missed"
+    assert (n <= MAX_REQUEST_BYTES + lengths.max(initial=0)).all()
+
+
+def test_lists_back_to_back_are_read_by_one_request(tmp_path: Path) -> None:
+    """Lists written in one call lie back to back: read in file order they take one request
+    per run (a gap, where a list moved away, starts a new one); read in another order they
+    take one each. The records are right either way."""
+    make = _Maker(5)
+    written = {pid: make(n) for pid, n in enumerate([30, 5, 0, 60, 23, 24, 7, 40])}
+
+    async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
+        await store.write([PostingItem(pid, *rec) for pid, rec in written.items()])
+        more = make(100)
+        await store.append([PostingItem(4, *more)])  # list 4 moves to the file's end
+        written[4] = tuple(np.concatenate([a, b]) for a, b in zip(written[4], more, strict=True))
+        in_file_order = np.array([0, 1, 2, 3, 5, 6, 7, 4], np.int64)
+        before = store.counters["read_requests"]
+        seen = await _collect(store, in_file_order, 1)
+        assert store.counters["read_requests"] - before == 3  # 0-3, 5-7, 4
+        shuffled = np.array([7, 0, 5, 3, 1], np.int64)
+        before = store.counters["read_requests"]
+        seen_shuffled = await _collect(store, shuffled, 2)
+        assert store.counters["read_requests"] - before == 5
+        for pids, got in ((in_file_order, seen), (shuffled, seen_shuffled)):
+            for slot, pid in enumerate(pids.tolist()):
+                np.testing.assert_array_equal(got[slot]["id"], written[pid][0])
+                np.testing.assert_array_equal(got[slot]["vector"], written[pid][2])
 
     _run_store(tmp_path, body)

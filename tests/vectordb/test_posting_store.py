@@ -385,3 +385,27 @@ def test_read_of_a_corrupt_page_names_the_list(tmp_path: Path) -> None:
         await store.read(np.array([4]))  # the other list is fine
 
     _run_store(tmp_path, body)
+
+
+def test_a_run_holds_as_many_records_as_its_pages_fit(tmp_path: Path) -> None:
+    """A list written with no room asked for still fills its last page in place (the page is
+    read and written anyway); the first record past the page moves it."""
+    make = _Maker(9)
+
+    async def body(_e: IOEngine, _f: FileHandle, store: PostingStore) -> None:
+        model = {1: make(30)}  # 30 * 176 bytes: 2 pages, room for 46
+        await store.write([PostingItem(1, *model[1])])
+        start = int(store.start[1])
+        assert int(store.capacity[1]) == 2 * PAGE_BYTES // REC == 46
+        more = make(16)
+        await store.append([PostingItem(1, *more)])
+        model[1] = _cat(model[1], more)
+        assert int(store.start[1]) == start, "in place, inside the last page"
+        more = make(1)
+        await store.append([PostingItem(1, *more)])
+        model[1] = _cat(model[1], more)
+        assert int(store.start[1]) != start, "moved"
+        await _assert_lists(store, model, [1])
+        _check_space(store)
+
+    _run_store(tmp_path, body)

@@ -57,3 +57,23 @@ def test_chunks_fit_the_budget_and_are_maximal(
             assert union_pages(chunk) <= budget_pages
         if chunk.stop < n_queries:  # one more query would not fit
             assert union_pages(slice(chunk.start, chunk.stop + 1)) > budget_pages
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    nearest=st.lists(st.integers(-1, 40), min_size=0, max_size=60),
+    early=st.integers(0, 60),
+)
+def test_locality_order_keeps_early_queries_and_sorts_the_rest(
+    nearest: list[int], early: int
+) -> None:
+    """A permutation: the queries whose lists were read early stay first, as given; the rest
+    follow by nearest head, ties in their given order."""
+    early = min(early, len(nearest))
+    pids = np.stack([np.array(nearest, np.int64), np.zeros(len(nearest), np.int64)], axis=1)
+    order = search_module._locality_order(pids.reshape(len(nearest), 2), early)
+    assert sorted(order.tolist()) == list(range(len(nearest)))
+    assert order[:early].tolist() == list(range(early))
+    rest = order[early:]
+    model = sorted(range(early, len(nearest)), key=lambda q: (nearest[q], q))
+    assert rest.tolist() == model
