@@ -1,4 +1,5 @@
-"""The faiss peers: IVF-Flat and HNSW in memory, IVF-Flat with ``OnDiskInvertedLists``.
+"""The faiss peers: IVF-Flat and HNSW in memory, IVF-Flat with ``OnDiskInvertedLists`` (and, on
+byte-valued data, an on-disk IVF with 8-bit direct codes, the peer of our uint8 lists).
 
 All three run with 2 OpenMP threads and get the whole query batch in one ``search`` call. Builds
 are cached under benchmarks/out/vectordb/faiss/ (``write_index``). Resident bytes: the serialised
@@ -110,22 +111,41 @@ class MemorySystem:
         del self.index
 
 
+def _byte_ivf(ds: Dataset, nlist: int, cache_dir: Path) -> faiss.Index:
+    """An empty IVF with 8-bit direct scalar codes (a byte per dimension, exact for integers
+    0..255: the peer at our uint8 lists' precision), on the same trained coarse quantizer."""
+    flat = _trained_ivf(ds, nlist, cache_dir)
+    quantizer = faiss.clone_index(flat.quantizer)
+    ivf = faiss.IndexIVFScalarQuantizer(
+        quantizer, ds.base.shape[1], nlist, faiss.ScalarQuantizer.QT_8bit_direct, ds.faiss_metric
+    )
+    ivf.own_fields = True
+    quantizer.this.disown()
+    ivf.by_residual = False  # codes of the vectors themselves (residuals are not integers)
+    ivf.train(np.ascontiguousarray(ds.base[:1000], dtype=np.float32))  # no-op for direct codes
+    return ivf
+
+
 class OnDiskIvf:
-    """IVF-Flat whose lists live in an mmapped ``.ivfdata`` file; knob nprobe; cold cache."""
+    """IVF-Flat (or, ``codes="u8"``, IVF with 8-bit direct codes) whose lists live in an
+    mmapped ``.ivfdata`` file; knob nprobe; cold cache."""
 
-    name, knob = "faiss_ondisk", "nprobe"
+    knob = "nprobe"
 
-    def __init__(self, ds: Dataset, cache_dir: Path) -> None:
+    def __init__(self, ds: Dataset, cache_dir: Path, codes: str = "flat") -> None:
         faiss.omp_set_num_threads(THREADS)
         nlist = nlist_for(len(ds.base))
-        self.path = cache_dir / f"{ds.name}-ondisk{nlist}.index"
-        self.data_path = cache_dir / f"{ds.name}-ondisk{nlist}.ivfdata"
+        self.name = "faiss_ondisk" if codes == "flat" else f"faiss_ondisk_{codes}"
+        suffix = "" if codes == "flat" else f"-{codes}"
+        self.path = cache_dir / f"{ds.name}-ondisk{nlist}{suffix}.index"
+        self.data_path = cache_dir / f"{ds.name}-ondisk{nlist}{suffix}.ivfdata"
         self.build_s = float("nan")
         if not self.path.exists():
             log(f"{self.name}: building {self.path.name} + {self.data_path.name}")
             start = time.perf_counter()
             cache_dir.mkdir(parents=True, exist_ok=True)
-            ivf = _trained_ivf(ds, nlist, cache_dir)
+            make = _trained_ivf if codes == "flat" else _byte_ivf
+            ivf = make(ds, nlist, cache_dir)
             self.data_path.unlink(missing_ok=True)
             lists = faiss.OnDiskInvertedLists(nlist, ivf.code_size, str(self.data_path))
             ivf.replace_invlists(lists, True)

@@ -13,6 +13,7 @@ LABELS = {
     "ours_uint8": "ours, uint8 lists (exact for 0..255 pixels; cold cache)",
     "ours_hf": "ours, --head-fraction heads (cold cache)",
     "faiss_ondisk": "faiss IVF OnDisk (cold cache)",
+    "faiss_ondisk_u8": "faiss IVF OnDisk, 8-bit direct codes (cold cache)",
     "faiss_ivf": "faiss IVF-Flat (RAM)",
     "faiss_hnsw": "faiss HNSW32 (RAM)",
     "diskann": "DiskANN disk index (equal memory)",
@@ -156,6 +157,11 @@ def verdicts(
         if mine and peer:
             detail = f"{mine / peer:.2f}x"
             out.append(line(f"same, {LABELS[variant]}", mine / peer >= 2, detail))
+    mine, peer = at.get("ours_uint8"), at.get("faiss_ondisk_u8")
+    if mine and peer:  # both at one byte per dimension
+        detail = f"{mine / peer:.2f}x"
+        label = f"QPS >= 2x {LABELS['faiss_ondisk_u8']}, {LABELS['ours_uint8']}"
+        out.append(line(label, mine / peer >= 2, detail))
     if upd is not None:
         low = min(upd.min_recall, upd.recall_after_reopen)
         out.append(line("recall@10 >= 0.9 through the updates", low >= 0.9, f"min {low:.4f}"))

@@ -95,6 +95,8 @@ def _systems(
         systems.append(fewer)
     with stdout_to_stderr():  # faiss prints "resizing ..." from C++
         systems.append(OnDiskIvf(ds, cache / "faiss"))
+        if any(s.name == "ours_uint8" for s in systems):  # the peer at the same precision
+            systems.append(OnDiskIvf(ds, cache / "faiss", codes="u8"))
         kinds = [kind for kind in ("ivf", "hnsw") if kind not in skip]
         systems += [MemorySystem(kind, ds, cache / "faiss") for kind in kinds]
     if "hnsw" in skip:
@@ -124,6 +126,7 @@ def run_dataset(
     sweeps = dict(plan.sweeps)  # the default setting is always measured (the headline uses it)
     sweeps["ours"] = sorted({*sweeps["ours"], systems[0].stats["default_max_postings"]})
     sweeps["ours_fp16"] = sweeps["ours_hf"] = sweeps["ours_uint8"] = sweeps["ours"]
+    sweeps["faiss_ondisk_u8"] = sweeps["faiss_ondisk"]
     points: dict[tuple[str, int], Point] = {}
     extra = {"ours_stats": systems[0].stats}
     try:

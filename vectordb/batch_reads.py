@@ -23,17 +23,31 @@ import numpy as np
 
 from tiers.buffers import aligned_empty
 from vectordb.posting_format import PAGE_BYTES
-from vectordb.posting_reads import PostingRead
+from vectordb.posting_reads import BRIDGE_BYTES, PostingRead
 from vectordb.posting_store import PostingStore
 
-__all__ = ["BatchReads"]
+__all__ = ["BRIDGE_PAGES", "BatchReads", "buffer_bytes"]
+
+BRIDGE_PAGES = BRIDGE_BYTES // PAGE_BYTES
+
+
+def buffer_bytes(store: PostingStore, pids: np.ndarray, bridge_pages: int = BRIDGE_PAGES) -> int:
+    """The buffer a BatchReads needs to read ``pids`` at once, gaps included."""
+    pids = np.asarray(pids, np.int64)
+    in_file_order = pids[np.argsort(store.start[pids], kind="stable")]
+    return (store.read_pages(in_file_order, bridge_pages) + 1) * PAGE_BYTES
 
 
 class BatchReads:
-    def __init__(self, store: PostingStore, capacity_bytes: int) -> None:
-        """``capacity_bytes``: the shared buffer's size (taken from the store on first use)."""
+    def __init__(
+        self, store: PostingStore, capacity_bytes: int, bridge_pages: int = BRIDGE_PAGES
+    ) -> None:
+        """``capacity_bytes``: the shared buffer's size (taken from the store on first use).
+        ``bridge_pages``: reads run through gaps up to this long (posting_reads) where the
+        buffer has room for them."""
         self._store = store
         self._capacity_bytes = capacity_bytes
+        self._bridge_pages = bridge_pages
         self._buffer: np.ndarray | None = None
         self._used_bytes = 0
         self.reads: list[PostingRead] = []
@@ -51,11 +65,16 @@ class BatchReads:
         return max((int(read.counts.max(initial=0)) for read in self.reads), default=0)
 
     def fits(self, pids: np.ndarray) -> bool:
-        """Whether a read of ``pids`` fits in what is left of the buffer."""
-        return self._used_bytes + self._part_bytes(pids) <= self._capacity_bytes
+        """Whether a read of ``pids`` fits in what is left of the buffer (without gaps)."""
+        return self._fits(self._in_file_order(pids), 0)
 
-    def _part_bytes(self, pids: np.ndarray) -> int:
-        return (int(self._store.pages_of(pids).sum()) + 1) * PAGE_BYTES  # + PostingRead's spare
+    def _fits(self, pids: np.ndarray, bridge_pages: int) -> bool:
+        pages = self._store.read_pages(pids, bridge_pages) + 1  # + PostingRead's spare page
+        return self._used_bytes + pages * PAGE_BYTES <= self._capacity_bytes
+
+    def _in_file_order(self, pids: np.ndarray) -> np.ndarray:
+        pids = np.asarray(pids, np.int64)
+        return pids[np.argsort(self._store.start[pids], kind="stable")]
 
     def _carve(self, size_bytes: int) -> np.ndarray:
         if self._used_bytes + size_bytes > self._capacity_bytes:
@@ -71,11 +90,12 @@ class BatchReads:
         order of their place in the file (lists back to back there are read together)."""
         if len(pids) == 0:
             return
-        pids = np.asarray(pids, np.int64)
-        pids = pids[np.argsort(self._store.start[pids], kind="stable")]
+        pids = self._in_file_order(pids)
+        bridge = self._bridge_pages if self._fits(pids, self._bridge_pages) else 0
         self.offsets.append(sum(len(p) for p in self._pids))
         self._pids.append(pids)
-        self.reads.append(self._store.begin_read(pids, n_groups, allocate=self._carve))
+        read = self._store.begin_read(pids, n_groups, allocate=self._carve, bridge_pages=bridge)
+        self.reads.append(read)
 
     def start_missing(self, pids: np.ndarray, n_groups: int) -> None:
         """Start reading those of ``pids`` (unique) not started yet."""

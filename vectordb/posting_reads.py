@@ -7,7 +7,9 @@ only the unit of delivery: the caller scores one group while the others are stil
 
 Lists that lie back to back in the file (build lays them out in head order, and a batch's
 lists are near each other: clustering.py) are read by one request: the device serves a few large
-reads faster than many small ones.
+reads faster than many small ones. With ``bridge_pages``, a read also runs through a small gap
+between two lists (the gap's bytes land in the buffer and are never looked at): on the device
+measured here (benchmarks/RESULTS.md) a request costs about as much as 64 KiB of transfer.
 
 Each list lands page-aligned in one shared buffer; a group's records are verified
 (``verify_many``) before it is handed over, so a caller never sees an unchecked record.
@@ -32,9 +34,27 @@ from tiers.engine import FileHandle, IOEngine
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16
 
-__all__ = ["MAX_REQUEST_BYTES", "PostingRead", "coalesce"]
+__all__ = ["BRIDGE_BYTES", "MAX_REQUEST_BYTES", "PostingRead", "bridged_layout", "coalesce"]
 
 MAX_REQUEST_BYTES = 4 << 20  # a merged read stops growing here (the device splits it anyway)
+BRIDGE_BYTES = 64 << 10  # a search's read runs through gaps up to this long (see above)
+
+
+def bridged_layout(
+    file_pages: np.ndarray, pages: np.ndarray, bridge_pages: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where lists read in this order land: (pages of gap read just before each list, each
+    list's first page in the buffer, total pages). A gap is read when two non-empty lists,
+    consecutive here, are at most ``bridge_pages`` apart in the file (``file_pages``: their
+    first pages)."""
+    n = len(pages)
+    gap = np.zeros(n, np.int64)
+    if n > 1 and bridge_pages > 0:
+        between = file_pages[1:] - (file_pages[:-1] + pages[:-1])
+        bridged = (between > 0) & (between <= bridge_pages) & (pages[1:] > 0) & (pages[:-1] > 0)
+        gap[1:] = np.where(bridged, between, 0)
+    ends = np.cumsum(gap + pages)
+    return gap, ends - pages, int(ends[-1]) if n else 0
 
 
 def coalesce(
@@ -74,21 +94,24 @@ class PostingRead:
         count: np.ndarray,
         n_groups: int = 1,
         allocate: Callable[[int], np.ndarray] = aligned_empty,
+        bridge_pages: int = 0,
     ) -> None:
         self.pids = np.asarray(pids, np.int64)
         self.dtype = dtype
         self.counts = count[self.pids].astype(np.int64)
         pages = pages_for(self.counts, dtype.itemsize)
-        buffer_pages = np.zeros(len(self.pids) + 1, np.int64)
-        np.cumsum(pages, out=buffer_pages[1:])
-        self.pages_read = int(buffer_pages[-1])
-        self.byte_offsets = buffer_pages[:-1] * PAGE_BYTES
+        file_pages = start[self.pids]
+        gap, first_page, self.pages_read = bridged_layout(file_pages, pages, bridge_pages)
+        self.byte_offsets = first_page * PAGE_BYTES
         # a spare page at the end: verify_many reads one word past the last record
         self.buffer = allocate((self.pages_read + 1) * PAGE_BYTES)
         targets = np.linspace(0, self.pages_read, max(1, n_groups) + 1)[1:-1]
-        cuts = np.searchsorted(buffer_pages[1:], targets, side="left") + 1
+        cuts = np.searchsorted(first_page + pages, targets, side="left") + 1
         self.edges = np.unique(np.concatenate([[0], cuts, [len(self.pids)]]))
-        file_offsets = start[self.pids] * PAGE_BYTES
+        # each list's request starts with the gap before it, so it follows the previous one
+        file_offsets = (file_pages - gap) * PAGE_BYTES
+        lengths = (gap + pages) * PAGE_BYTES
+        buffer_offsets = (first_page - gap) * PAGE_BYTES
         self._tasks: list[asyncio.Future[None]] = []
         self.lists_read = int((pages > 0).sum())
         self.requests = 0  # I/O requests submitted (lists back to back in the file share one)
@@ -98,8 +121,8 @@ class PostingRead:
                 continue
             requests = coalesce(
                 file_offsets[first:stop][has],
-                pages[first:stop][has] * PAGE_BYTES,
-                self.byte_offsets[first:stop][has],
+                lengths[first:stop][has],
+                buffer_offsets[first:stop][has],
             )
             self.requests += len(requests[0])
             read = engine.read_batch(file, self.buffer, *requests)

@@ -33,11 +33,11 @@ from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
 from vectordb.page_space import PageSpace
 from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype
-from vectordb.posting_reads import PostingRead
+from vectordb.posting_reads import PostingRead, bridged_layout
 
 __all__ = ["SPARE_LIMIT_BYTES", "PostingBatch", "PostingItem", "PostingStore"]
 
-SPARE_LIMIT_BYTES = 256 << 20  # the largest search read buffer kept for reuse
+SPARE_LIMIT_BYTES = 384 << 20  # the largest search read buffer kept for reuse
 
 
 @dataclass
@@ -112,18 +112,33 @@ class PostingStore:
             self.capacity[pid] = self.count[pid] = 0
 
     # ----------------------------------------------------------------- reads
+    def read_pages(self, pids: np.ndarray, bridge_pages: int = 0) -> int:
+        """Pages a read of the lists ``pids``, in this order, takes now (gaps included)."""
+        pids = np.asarray(pids, np.int64)
+        return bridged_layout(self.start[pids], self.pages_of(pids), bridge_pages)[2]
+
     def begin_read(
         self,
         pids: np.ndarray,
         n_groups: int = 1,
         allocate: Callable[[int], np.ndarray] = aligned_empty,
+        bridge_pages: int = 0,
     ) -> PostingRead:
         """Start reading the lists ``pids`` (one submission); see PostingRead. ``allocate``
         gives the buffer: a fresh one by default, :meth:`take_buffer` for the reusable spare
         (the caller then hands it back with :meth:`recycle` once nothing refers to it), or a
-        part of a larger buffer (batch_reads)."""
+        part of a larger buffer (batch_reads). ``bridge_pages``: read through gaps up to this
+        long between lists consecutive in ``pids`` (posting_reads)."""
         read = PostingRead(
-            self.engine, self.file, self.dtype, pids, self.start, self.count, n_groups, allocate
+            self.engine,
+            self.file,
+            self.dtype,
+            pids,
+            self.start,
+            self.count,
+            n_groups,
+            allocate,
+            bridge_pages,
         )
         c = self.counters
         c["posting_reads"] += read.lists_read

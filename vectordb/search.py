@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vectordb.batch_reads import BatchReads
+from vectordb.batch_reads import BatchReads, buffer_bytes
 from vectordb.blas_threads import single_threaded_blas
 from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
@@ -59,7 +59,10 @@ _READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the hea
 _PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of reads
 _FRONT_SHARE = 0.5  # of a batch's queries navigated on the loop thread (measured: 0.25-0.5 alike)
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
-READ_BUDGET_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # lists read at once (one spare buffer)
+READ_BUFFER_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # one reusable buffer for a chunk's reads
+# the lists a chunk may read (their own pages); the rest of the buffer is room for the gaps
+# reads run through (batch_reads.BRIDGE_PAGES)
+READ_BUDGET_BYTES = READ_BUFFER_BYTES * 3 // 4
 
 
 async def search(
@@ -201,7 +204,7 @@ async def _navigate_reading(
     back = asyncio.wrap_future(index.scorer.submit(index.navigator.search, queries[half:], want))
     index.head_scans.add(back)  # updaters leave the heads alone until it is done
     back.add_done_callback(index.head_scans.discard)
-    reads = BatchReads(index.store, READ_BUDGET_BYTES)
+    reads = BatchReads(index.store, READ_BUFFER_BYTES)
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     early_queries = 0
     try:
@@ -245,7 +248,7 @@ async def _search_chunk(
     probe_pid = pids[probe_query, probe_slot]
     unique = np.unique(probe_pid)
     if reads is None:
-        reads = BatchReads(index.store, (int(index.store.pages_of(unique).sum()) + 1) * PAGE_BYTES)
+        reads = BatchReads(index.store, buffer_bytes(index.store, unique))
     loop = asyncio.get_running_loop()
     scoring: list[asyncio.Future[None]] = []
     try:

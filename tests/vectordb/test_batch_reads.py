@@ -88,6 +88,7 @@ def test_reading_while_navigating_answers_as_single_queries(
         return out
 
     monkeypatch.setattr(search_module, "_navigate_reading", spy)
+    monkeypatch.setattr(search_module, "READ_BUFFER_BYTES", budget_pages * PAGE_BYTES)
     monkeypatch.setattr(search_module, "READ_BUDGET_BYTES", budget_pages * PAGE_BYTES)
     vectors = clustered(3000, 16, seed=21)
     queries = clustered(200, 16, seed=22)
@@ -170,7 +171,12 @@ def test_a_read_takes_its_lists_in_file_order(tmp_path: Path) -> None:
     async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
         await store.write([PostingItem(pid, *rec) for pid, rec in written.items()])
         await store.append([PostingItem(1, *make(80))])  # moves to the end of the file
-        reads = BatchReads(store, 128 * PAGE_BYTES)
+        bridged = BatchReads(store, 128 * PAGE_BYTES)  # runs through list 1's old run
+        before = store.counters["read_requests"]
+        bridged.start(np.array([5, 1, 0, 3, 2, 4]))
+        assert store.counters["read_requests"] - before == 1
+        await bridged.finish()
+        reads = BatchReads(store, 128 * PAGE_BYTES, bridge_pages=0)
         before = store.counters["read_requests"]
         reads.start(np.array([5, 1, 0, 3, 2, 4]))
         np.testing.assert_array_equal(reads.pids, [0, 2, 3, 4, 5, 1])
