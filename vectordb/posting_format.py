@@ -33,8 +33,10 @@ import numpy as np
 from tiers.errors import CorruptionError
 
 __all__ = [
+    "CHECK_WORD",
     "FORMAT_VERSION",
     "PAGE_BYTES",
+    "check_salts",
     "decode",
     "encode",
     "pages_for",
@@ -49,6 +51,7 @@ _HEADER_BYTES = 24
 SEED = 0x74696572_6B697431 ^ FORMAT_VERSION  # "tierkit1"
 MIX = 0x9E3779B9_7F4A7C15  # odd: posting ids map to distinct offsets
 _CHECK_WORD = 2
+CHECK_WORD = _CHECK_WORD  # the check's place in a record, in 8-byte words
 
 
 def record_bytes(dim: int, dtype: Any) -> int:
@@ -165,7 +168,14 @@ def verify_many(
         )
 
 
-def _checks_from_sums(sums: np.ndarray, check: np.ndarray, posting_ids: np.ndarray) -> np.ndarray:
+def check_salts(posting_ids: np.ndarray) -> np.ndarray:
+    """Per posting id, what its records' check adds to their words' sum (uint64, wrapping):
+    a record of list ``p`` is sound when ``sum(words) - check + check_salts(p) == check``
+    (the rule verify_many applies; dot_kernel applies it while scoring)."""
     salt = np.atleast_1d(np.asarray(posting_ids, dtype=np.uint64)) * np.uint64(MIX)
     salt += np.uint64(SEED)
-    return sums - check + salt
+    return salt
+
+
+def _checks_from_sums(sums: np.ndarray, check: np.ndarray, posting_ids: np.ndarray) -> np.ndarray:
+    return sums - check + check_salts(posting_ids)

@@ -23,21 +23,29 @@ waiting, never the I/O: the engine keeps the buffer alive until its requests fin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from tiers.buffers import aligned_empty
 from tiers.engine import FileHandle, IOEngine
+from vectordb.dot_kernel import VectorSpan
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16
 
-__all__ = ["BRIDGE_BYTES", "MAX_REQUEST_BYTES", "PostingRead", "bridged_layout", "coalesce"]
+__all__ = [
+    "BRIDGE_BYTES",
+    "MAX_REQUEST_BYTES",
+    "WIDEN_PIECE_BYTES",
+    "PostingRead",
+    "bridged_layout",
+    "coalesce",
+]
 
 MAX_REQUEST_BYTES = 4 << 20  # a merged read stops growing here (the device splits it anyway)
 BRIDGE_BYTES = 64 << 10  # a search's read runs through gaps up to this long (see above)
+WIDEN_PIECE_BYTES = 2 << 20  # float16 records widened at a time (stays in cache for scoring)
 
 
 def bridged_layout(
@@ -141,33 +149,38 @@ class PostingRead:
             for offset, n in zip(offsets, counts, strict=True)
         ]
 
-    def vectors(self, first: int, stop: int) -> list[np.ndarray]:
-        """float32 vectors [n, dim] of lists ``first`` .. ``stop - 1``: views of the buffer
-        when stored as float32; float16 widened in one pass over the lists' span (views of a
-        per-thread scratch, valid until this thread's next call); other types converted."""
-        stored = self.dtype["vector"]
-        if stored.base != np.float16 or stop <= first:
-            return [
-                records["vector"].astype(np.float32, copy=False)
-                for records in self.views(first, stop)
-            ]
+    def spans(self, first: int, stop: int) -> Iterator[tuple[int, VectorSpan]]:
+        """``(offset, span)``: the records of lists ``first + offset`` ... as dot_kernel takes
+        them, checked there. float32 and uint8 records: one span over the buffer itself.
+        float16 ones: a span per piece of about ``WIDEN_PIECE_BYTES``, widened into this
+        thread's scratch (valid until the next piece: use each before asking for the next)."""
+        vector_type, vector_at = self.dtype.fields["vector"]
+        element, dim = vector_type.base, vector_type.shape[0]
         size = self.dtype.itemsize
-        low = int(self.byte_offsets[first])
-        high = int(self.byte_offsets[stop - 1]) + int(self.counts[stop - 1]) * size
-        wide = widen_float16(self.buffer[low:high].view(np.float16))
-        dim = stored.shape[0]
-        header = self.dtype.fields["vector"][1] // 2  # values before the vector in a record
-        out = []
-        for offset, n in zip(
-            self.byte_offsets[first:stop].tolist(), self.counts[first:stop].tolist(), strict=True
-        ):
-            at = (offset - low) // 2 + header
-            out.append(
-                as_strided(wide[at:], shape=(n, dim), strides=(size * 2, 4), writeable=False)
-                if n
-                else np.zeros((0, dim), np.float32)
-            )
-        return out
+        counts = self.counts[first:stop]
+        offsets = self.byte_offsets[first:stop]
+        words = self.buffer.view(np.uint64)
+
+        def span(values: np.ndarray, at: np.ndarray, unit: int, a: int, b: int) -> VectorSpan:
+            return VectorSpan(
+                values, at, counts[a:b], size // unit, dim,
+                words, offsets[a:b] // 8, size // 8, self.pids[first + a : first + b],
+            )  # fmt: skip
+
+        if element != np.float16:
+            unit = element.itemsize
+            values = self.buffer.view(element)
+            yield 0, span(values, (offsets + vector_at) // unit, unit, 0, len(counts))
+            return
+        if stop <= first:
+            return
+        piece_of = (offsets - offsets[0]) // WIDEN_PIECE_BYTES
+        cuts = np.flatnonzero(np.diff(piece_of)) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(counts)], strict=True):
+            low = int(offsets[a])
+            high = int(offsets[b - 1]) + int(counts[b - 1]) * size
+            wide = widen_float16(self.buffer[low:high].view(np.float16))
+            yield a, span(wide, (offsets[a:b] - low + vector_at) // 2, 2, a, b)
 
     def verify(self, first: int, stop: int) -> None:
         """Check every record of lists ``first`` .. ``stop - 1`` (pure: any thread)."""

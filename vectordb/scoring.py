@@ -1,11 +1,11 @@
 """ProbeScores: exact distances of a query batch to the posting lists it probes, and its top k.
 
 A *probe* is one (query, list) pair the search decided to read. Probes are sorted by list, so
-list ``u``'s probes are the rows ``bounds[u]:bounds[u + 1]``; per list there is ONE matrix
-product (its probing queries against its records, straight from the read buffer: the record
-view is strided and BLAS takes it as is). Everything else -- masking stale and deleted copies,
-adding norms, choosing the best ``k`` distinct ids per query -- is vectorised over the whole
-batch, so the Python work per list is a few microseconds whatever ``k`` and the metric are.
+list ``u``'s probes are the rows ``bounds[u]:bounds[u + 1]``; the products of a group of lists
+with their probing queries are one compiled call (dot_kernel, straight from the read buffer).
+Everything else -- masking stale and deleted copies, adding norms, choosing the best ``k``
+distinct ids per query -- is vectorised over the whole batch, so there is no Python work per
+list, whatever ``k`` and the metric are.
 
 Layout: ``dist`` is [probes, longest list] float32, inf past a list's end and for records that
 are not the live copy of their id. The top-k step views the probes of one query side by side
@@ -19,8 +19,11 @@ Thread-safety: one search owns one ProbeScores; its ``add`` calls may run on one
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
+from vectordb.dot_kernel import VectorSpan, score_lists
 from vectordb.metric import Metric
 from vectordb.version_map import VersionMap
 
@@ -66,32 +69,24 @@ class ProbeScores:
     def add(
         self,
         first: int,
-        lists: list[np.ndarray],
+        counts: np.ndarray,
         ids_live: tuple[np.ndarray, np.ndarray],
-        vectors: list[np.ndarray] | None = None,
+        spans: Iterable[tuple[int, VectorSpan]],
     ) -> None:
-        """Score lists ``first``, ``first + 1``, ... (their records, in list order;
-        ``ids_live`` from :meth:`live_mask`; ``vectors``: their vectors as float32 if already
-        widened, e.g. PostingRead.vectors). Releases the GIL in its matrix products: may run
-        on a worker thread, one ``add`` at a time."""
-        sizes = np.fromiter((len(r) for r in lists), np.int64, len(lists))
+        """Score lists ``first``, ``first + 1``, ... (``counts`` records each; ``ids_live``
+        from :meth:`live_mask` over them; ``spans``: their vectors, ``(offset, span)`` for
+        lists ``first + offset`` ..., as PostingRead.spans gives them). The products run in
+        dot_kernel without the GIL: may run on a worker thread, one ``add`` at a time.
+        Raises CorruptionError for a record that fails its check."""
+        sizes = np.asarray(counts, np.int64)
         total = int(sizes.sum())
         if total == 0:
             return
-        row = np.repeat(np.arange(first, first + len(lists)), sizes)
+        row = np.repeat(np.arange(first, first + len(sizes)), sizes)
         col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         self.ids[row, col], self.valid[row, col] = ids_live
-        bounds, dist, q = self._bounds, self.dist, self._q
-        if vectors is None:
-            vectors = [r["vector"].astype(np.float32, copy=False) for r in lists]
-        for u, block in enumerate(vectors, start=first):
-            n = len(block)
-            if not n:
-                continue
-            lo, hi = bounds[u], bounds[u + 1]
-            np.matmul(q[lo:hi], block.T, out=dist[lo:hi, :n])
-            if self._norms is not None:
-                self._norms[u, :n] = np.einsum("ij,ij->i", block, block)
+        for offset, span in spans:
+            score_lists(span, self._bounds, first + offset, self._q, self.dist, self._norms)
 
     def best(
         self,

@@ -288,10 +288,10 @@ def _score_group(
     lists: list[np.ndarray],
     ids_live: tuple[np.ndarray, np.ndarray],
 ) -> None:
-    """On the scoring thread: check the group's records (lists ``first``... of ``read``),
-    then score them (lists ``batch_first``... of the batch)."""
-    read.verify(first, first + len(lists))
-    scores.add(batch_first, lists, ids_live, read.vectors(first, first + len(lists)))
+    """On the scoring thread: check and score the group's records (lists ``first``... of
+    ``read``, lists ``batch_first``... of the batch) in one pass (dot_kernel)."""
+    stop = first + len(lists)
+    scores.add(batch_first, read.counts[first:stop], ids_live, read.spans(first, stop))
 
 
 def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:

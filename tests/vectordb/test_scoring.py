@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vectordb.dot_kernel import VectorSpan
 from vectordb.metric import Metric, pairwise_distances, prepare
 from vectordb.posting_format import record_dtype
 from vectordb.scoring import ProbeScores
@@ -55,7 +56,7 @@ def _model(
 @given(
     seed=st.integers(0, 2**32 - 1),
     metric=st.sampled_from(list(Metric)),
-    dtype=st.sampled_from(["float32", "float16"]),
+    dtype=st.sampled_from(["float32", "float16", "uint8"]),
     n_queries=st.integers(1, 6),
     n_lists=st.integers(1, 8),
     width=st.integers(1, 5),
@@ -91,7 +92,8 @@ def test_top_k_matches_the_model(
     edges = np.linspace(0, n_lists, groups + 1).astype(int)
     for first, stop in reversed(list(itertools.pairwise(edges))):  # any order
         mine = lists[first:stop]
-        scores.add(int(first), mine, ProbeScores.live_mask(mine, versions))
+        span = VectorSpan.of_records(mine)
+        scores.add(int(first), span.counts, ProbeScores.live_mask(mine, versions), [(0, span)])
     ids, dist = scores.best(probe_query, probe_slot, queries, width, k)
 
     for q, expected in enumerate(_model(metric, queries, lists, probes, k)):

@@ -52,9 +52,13 @@ def test_float16_lists_come_back_widened(tmp_path: Path) -> None:
         read = store.begin_read(np.arange(len(sizes), dtype=np.int64), 2)
         async with aclosing(read.groups()) as groups:
             async for first, stop in groups:
-                for pid, vectors in zip(range(first, stop), read.vectors(first, stop), strict=True):
-                    assert vectors.dtype == np.float32
-                    np.testing.assert_array_equal(vectors, written[pid].astype(np.float32))
+                for offset, span in read.spans(first, stop):
+                    assert span.values.dtype == np.float32
+                    for i in range(len(span.counts)):
+                        rows = span.first[i] + np.arange(span.counts[i])[:, None] * span.stride
+                        vectors = span.values[rows + np.arange(span.dim)]
+                        want = written[first + offset + i].astype(np.float32)
+                        np.testing.assert_array_equal(vectors, want)
 
     async def main() -> None:
         engine = create_engine()
