@@ -35,9 +35,10 @@ from vectordb.page_space import PageSpace
 from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype
 from vectordb.posting_reads import PostingRead, bridged_layout
 
-__all__ = ["SPARE_LIMIT_BYTES", "PostingBatch", "PostingItem", "PostingStore"]
+__all__ = ["SPARE_COUNT", "SPARE_LIMIT_BYTES", "PostingBatch", "PostingItem", "PostingStore"]
 
-SPARE_LIMIT_BYTES = 384 << 20  # the largest search read buffer kept for reuse
+SPARE_LIMIT_BYTES = 320 << 20  # the largest search read buffer kept for reuse
+SPARE_COUNT = 2  # read buffers kept: a search overlaps two chunks' reads (search.py)
 
 
 @dataclass
@@ -77,7 +78,7 @@ class PostingStore:
             "bytes_read": 0,
             "pages_written": 0,
         }
-        self._spare: np.ndarray | None = None  # a search's read buffer, kept for the next one
+        self._spares: list[np.ndarray] = []  # searches' read buffers, kept for the next ones
 
     # ----------------------------------------------------------------- directory
     def restore(self, start: np.ndarray, capacity: np.ndarray, count: np.ndarray) -> None:
@@ -148,12 +149,14 @@ class PostingStore:
         return read
 
     def take_buffer(self, size_bytes: int) -> np.ndarray:
-        """A page-aligned read buffer of at least ``size_bytes``: the spare if it is big
+        """A page-aligned read buffer of at least ``size_bytes``: the smallest spare big
         enough, else a new one (hand it back with :meth:`recycle`)."""
-        if self._spare is not None and len(self._spare) >= size_bytes:
-            spare, self._spare = self._spare, None
+        fitting = [b for b in self._spares if len(b) >= size_bytes]
+        if fitting:
+            spare = min(fitting, key=len)
+            self._spares = [b for b in self._spares if b is not spare]
             return spare
-        # a spare too small stays: the new buffer may be too big to keep (recycle)
+        # spares too small stay: the new buffer may be too big to keep (recycle)
         # new memory is slow to touch the first time (page faults; in a VM, the host backing
         # it): round up, so a slightly larger next batch still fits, but not past what is kept
         rounded = -(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES
@@ -162,12 +165,14 @@ class PostingStore:
         return aligned_empty(rounded)
 
     def recycle(self, buffer: np.ndarray) -> None:
-        """Keep a pooled read's buffer for the next one (one spare of at most
-        ``SPARE_LIMIT_BYTES``; the larger is kept)."""
-        if len(buffer) <= SPARE_LIMIT_BYTES and (
-            self._spare is None or len(buffer) > len(self._spare)
-        ):
-            self._spare = buffer
+        """Keep a pooled read's buffer for a later one: at most ``SPARE_COUNT`` spares of at
+        most ``SPARE_LIMIT_BYTES`` each, the larger ones kept."""
+        if len(buffer) > SPARE_LIMIT_BYTES:
+            return
+        self._spares.append(buffer)
+        if len(self._spares) > SPARE_COUNT:
+            smallest = min(self._spares, key=len)
+            self._spares = [b for b in self._spares if b is not smallest]
 
     async def read(self, pids: np.ndarray) -> PostingBatch:
         """The lists' records, verified, copied into one array (for rewrites, not searches)."""
@@ -290,5 +295,5 @@ class PostingStore:
             **self.counters,
             **self.space.stats(),
             "postings": int((self.capacity > 0).sum()),
-            "spare_buffer_bytes": 0 if self._spare is None else len(self._spare),
+            "spare_buffer_bytes": sum(len(b) for b in self._spares),
         }

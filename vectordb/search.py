@@ -19,8 +19,10 @@ For a batch of queries:
    (older version) and deleted ids masked out, and per query the best ``k`` distinct ids
    (replicas counted once): scoring.ProbeScores.
 
-A large batch is cut into chunks of queries, so that one chunk's lists fit the store's
-reusable read buffer and its distance matrix stays within ``_CELL_BUDGET``; the queries are
+A large batch is cut into chunks of queries, so that one chunk's lists fit a reusable read
+buffer and its distance matrix stays within ``_CELL_BUDGET``; two chunks overlap (the next
+one's reads start once the previous one's have landed, so the device does not idle through a
+chunk's last scoring and top-k); the queries are
 taken in the order of their nearest head (``_locality_order``), so a chunk holds queries near
 each other, which share lists. Lists back to back in the file are read by one request
 (posting_reads).
@@ -59,6 +61,7 @@ _READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the hea
 _PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of reads
 _FRONT_SHARE = 0.5  # of a batch's queries navigated on the loop thread (measured: 0.25-0.5 alike)
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
+_CHUNKS_IN_FLIGHT = 2  # chunks whose reads and scoring overlap (each holds a read buffer)
 READ_BUFFER_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # one reusable buffer for a chunk's reads
 # the lists a chunk may read (their own pages); the rest of the buffer is room for the gaps
 # reads run through (batch_reads.BRIDGE_PAGES)
@@ -125,15 +128,33 @@ async def _search(
     pids, keep = pids[order], keep[order]
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
+    chunks = _chunks(index, pids, keep, early_queries)
+    running: list[tuple[slice, asyncio.Future[tuple[np.ndarray, np.ndarray]]]] = []
     try:
-        for rows in _chunks(index, pids, keep, early_queries):
+        for rows in chunks:
             reads, early = early, None  # the early reads belong to the first chunk
-            out_ids[order[rows]], out_dist[order[rows]] = await _search_chunk(
-                index, queries[order[rows]], pids[rows], keep[rows], k, reads
+            landed = asyncio.Event()
+            chunk = _search_chunk(
+                index, queries[order[rows]], pids[rows], keep[rows], k, reads, landed
             )
+            running.append((rows, asyncio.ensure_future(chunk)))
+            # the next chunk's reads start once this one's have landed (the device would idle
+            # through its last scoring and top-k); at most two chunks hold read buffers
+            await asyncio.wait(
+                [asyncio.ensure_future(landed.wait()), running[-1][1]],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if len(running) == _CHUNKS_IN_FLIGHT:
+                done_rows, task = running.pop(0)
+                out_ids[order[done_rows]], out_dist[order[done_rows]] = await task
+        for done_rows, task in running:
+            out_ids[order[done_rows]], out_dist[order[done_rows]] = await task
+        running = []
     finally:
         if early is not None:  # never handed to a chunk: nothing was kept
             await early.finish()
+        if running:  # a chunk failed: the others still own buffers the device writes into
+            await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     index.counters["queries"] += n_queries
     return out_ids, to_scores(index.metric, out_dist)
 
@@ -241,9 +262,11 @@ async def _search_chunk(
     keep: np.ndarray,
     k: int,
     reads: BatchReads | None = None,
+    landed: asyncio.Event | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Score one chunk of queries. ``reads``: reads already started for some of its lists
-    (taken over: the rest of the lists are added to them), else a new set."""
+    (taken over: the rest of the lists are added to them), else a new set. ``landed`` is set
+    once every read of the chunk has landed (or the chunk failed)."""
     probe_query, probe_slot = np.nonzero(keep)
     probe_pid = pids[probe_query, probe_slot]
     unique = np.unique(probe_pid)
@@ -267,11 +290,16 @@ async def _search_chunk(
                 ids_live = ProbeScores.live_mask(lists, index.versions)
                 job = (_score_group, read, scores, batch_first, first, lists, ids_live)
                 scoring.append(loop.run_in_executor(index.scorer, *job))
+        if landed is not None:
+            landed.set()
         outcomes = await asyncio.gather(*scoring, return_exceptions=True)
     except BaseException:
         await asyncio.gather(*scoring, return_exceptions=True)
         await reads.finish()
         raise
+    finally:
+        if landed is not None:
+            landed.set()
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome

@@ -191,3 +191,51 @@ def test_a_read_takes_its_lists_in_file_order(tmp_path: Path) -> None:
         reads.release()
 
     _run_store(tmp_path, body)
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool) -> None:  # type: ignore[no-untyped-def]
+    """A batch cut into many chunks runs two at once (the next one's reads start once the
+    previous one's have landed), never more, and answers as single queries do; a corrupt page
+    in any chunk is an error that leaves nothing in flight."""
+    import vectordb.search as search_module
+
+    running, most = [0], [0]
+    chunk = search_module._search_chunk
+
+    async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            return await chunk(*args, **kwargs)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(search_module, "_search_chunk", spy)
+    monkeypatch.setattr(search_module, "READ_BUDGET_BYTES", 12 * PAGE_BYTES)  # ~2 queries
+    vectors = clustered(3000, 16, seed=25)
+    queries = clustered(90, 16, seed=26)
+
+    async def main() -> None:
+        config = IndexConfig(dim=16, posting_limit=48)
+        params = SearchParams(max_postings=5)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            await index.store.sync()
+            if corrupt:
+                pids, _ = index.navigator.search(queries[-1:], 1)
+                start = int(index.store.start[int(pids[0, 0])]) * PAGE_BYTES
+                _flip_byte(index.data_files()[0], start + 100)
+                with pytest.raises(CorruptionError, match="posting list"):
+                    await index.search(queries, k=5, params=params)
+                pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                assert not pending
+                return
+            whole = await index.search(queries, k=5, params=params)
+            assert most[0] == 2
+            alone = [await index.search(q[None, :], k=5, params=params) for q in queries]
+        np.testing.assert_array_equal(whole[0], np.concatenate([a[0] for a in alone]))
+        np.testing.assert_allclose(whole[1], np.concatenate([a[1] for a in alone]), rtol=1e-5)
+
+    asyncio.run(main())
+    assert most[0] <= 2

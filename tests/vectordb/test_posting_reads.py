@@ -113,7 +113,7 @@ def test_pooled_reads_reuse_the_recycled_buffer(tmp_path: Path) -> None:
     _run_store(tmp_path, body)
 
 
-def test_a_spare_too_small_stays_until_a_larger_buffer_is_recycled(tmp_path: Path) -> None:
+def test_two_spares_are_kept_the_larger_ones(tmp_path: Path) -> None:
     make = _Maker(4)
 
     async def body(engine: IOEngine, file: FileHandle, store: PostingStore) -> None:
@@ -127,7 +127,12 @@ def test_a_spare_too_small_stays_until_a_larger_buffer_is_recycled(tmp_path: Pat
             async for _ in groups:
                 pass
         store.recycle(read.buffer)
-        assert store.stats()["spare_buffer_bytes"] == len(read.buffer)
+        assert store.stats()["spare_buffer_bytes"] == len(tiny) + len(read.buffer)
+        assert store.take_buffer(PAGE_BYTES) is tiny  # the smallest that fits
+        store.recycle(tiny)
+        bigger = aligned_empty(len(read.buffer) + PAGE_BYTES)
+        store.recycle(bigger)  # a third spare: the smallest goes
+        assert store.stats()["spare_buffer_bytes"] == len(read.buffer) + len(bigger)
 
     _run_store(tmp_path, body)
 
