@@ -7,9 +7,9 @@
    copy (such a vector stays in its nearest list);
 5. split, in memory, the few lists that the rescued vectors took over the limit;
 6. write the lists back to back in head order (heads come in the k-means tree's depth-first
-   order, so lists near in space are near in the file and one request reads several; no room
-   for appends beyond each list's last page: a list that grows moves, with headroom, to a new
-   run) and checkpoint.
+   order, so lists near in space are near in the file and one request reads several; by default
+   no room for appends beyond each list's last page (``append_reserve``): a list that grows
+   moves, with headroom, to a new run) and checkpoint.
 
 Atomic: the index is visibly built only when the checkpoint commits; a crash before leaves the
 empty index of the last checkpoint (its posting pages are free space again on open).
@@ -153,7 +153,10 @@ async def _write_lists(
     with tqdm(total=len(starts), desc="write", disable=not progress, unit="list") as bar:
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             r = rows[a:b]
-            items.append(PostingItem(int(pid_of[a]), ids[r], versions[r], stored[r]))
+            reserve = int(np.ceil((b - a) * index.config.append_reserve))
+            items.append(
+                PostingItem(int(pid_of[a]), ids[r], versions[r], stored[r], b - a + reserve)
+            )
             pending_bytes += (b - a) * index.store.rec_bytes
             if pending_bytes >= _WRITE_BATCH_BYTES:
                 await index.store.write(items)

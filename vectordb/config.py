@@ -46,6 +46,10 @@ class IndexConfig:
     # x the nearest head's squared distance (inf: the RNG rule alone decides)
     candidate_heads: int = 64  # heads considered when placing a vector
     posting_limit: int = 120  # vectors per posting list; longer ones split (or, at build, trim)
+    # room for appends a list gets at build, as a share of its records (0: none beyond its last
+    # page; a list that grows then moves once, with headroom). 0 keeps a batch's lists back to
+    # back on disk (fewer, larger reads); a reserve makes the first inserts cheaper
+    append_reserve: float = 0.0
     merge_threshold: int = 10  # a list with this many live vectors or fewer merges away
     reassign_neighbours: int = 32  # neighbouring lists checked for reassignment after a split
     navigator: str = "auto"  # "flat", "hnsw" or "auto" (hnsw above 20k heads)
@@ -73,6 +77,8 @@ class IndexConfig:
             raise IndexConfigError("merge_threshold must be below half the posting_limit")
         if not self.closure >= 1.0:
             raise IndexConfigError(f"closure must be >= 1, got {self.closure}")
+        if not 0.0 <= self.append_reserve <= 4.0:
+            raise IndexConfigError(f"append_reserve must be in [0, 4], got {self.append_reserve}")
         if self.rng_factor <= 0:
             raise IndexConfigError(f"rng_factor must be positive, got {self.rng_factor}")
         if self.navigator not in ("auto", "flat", "hnsw"):

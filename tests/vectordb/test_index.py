@@ -332,3 +332,41 @@ def test_placement_settings_survive_a_reopen(tmp_path: Path) -> None:
     old = IndexConfig(dim=8).to_dict()
     del old["closure"]  # written before the closure rule existed
     assert IndexConfig.from_dict(old).closure == float("inf")
+
+
+def test_build_lays_lists_back_to_back_unless_asked_for_room(tmp_path: Path) -> None:
+    """By default the lists are written back to back in head order, each holding just what
+    its pages fit, so the first inserts move lists; ``append_reserve`` gives each list room for
+    that share more records, and far fewer move."""
+    from vectordb.posting_format import PAGE_BYTES, pages_for
+
+    vectors = clustered(4000, 128, seed=31)  # 536-byte records: a page's spare room is small
+    extra = clustered(300, 128, seed=32)
+
+    async def moved_by_inserts(reserve: float) -> int:
+        config = IndexConfig(dim=128, posting_limit=64, append_reserve=reserve)
+        async with await SpannIndex.create(tmp_path / f"i{reserve}", config) as index:
+            await index.build(None, vectors)
+            store = index.store
+            live = np.flatnonzero(store.capacity > 0)
+            count, capacity = store.count[live].astype(np.int64), store.capacity[live]
+            pages = pages_for(capacity.astype(np.int64), store.rec_bytes)
+            if reserve == 0:
+                np.testing.assert_array_equal(pages, pages_for(count, store.rec_bytes))
+                assert (capacity == pages * PAGE_BYTES // store.rec_bytes).all()
+                order = np.argsort(store.start[live])
+                ends = store.start[live][order] + pages[order]
+                assert (store.start[live][order][1:] == ends[:-1]).all(), "back to back"
+            else:
+                assert (capacity >= np.ceil(count * (1 + reserve))).all()
+            before = store.start.copy()
+            await index.insert(np.arange(len(extra)) + 10**6, extra)
+            found, _ = await index.search(extra[:20], k=1, params=EVERYTHING)
+            assert (found[:, 0] == np.arange(20) + 10**6).all()
+            return int((store.start[live] != before[live]).sum())
+
+    async def main() -> None:
+        compact, roomy = await moved_by_inserts(0.0), await moved_by_inserts(0.5)
+        assert compact > 20 and roomy < compact / 4, (compact, roomy)
+
+    asyncio.run(main())
