@@ -23,7 +23,7 @@ A large batch is cut into chunks of queries, so that one chunk's lists fit a reu
 buffer and its distance matrix stays within ``_CELL_BUDGET``; two chunks overlap (the next
 one's reads start once the previous one's have landed, so the device does not idle through a
 chunk's last scoring and top-k); the queries are
-taken in the order of their nearest head (``_locality_order``), so a chunk holds queries near
+taken in the order of their nearest head (chunk_plan.locality_order), so a chunk holds queries near
 each other, which share lists. Lists back to back in the file are read by one request
 (posting_reads).
 
@@ -42,6 +42,7 @@ import numpy as np
 
 from vectordb.batch_reads import BatchReads, buffer_bytes
 from vectordb.blas_threads import single_threaded_blas
+from vectordb.chunk_plan import locality_order, query_chunks
 from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
 from vectordb.metric import Metric, prepare, to_scores
@@ -124,11 +125,12 @@ async def _search(
         pids, head_dist = _navigate(index, queries, want)
         early_queries = 0
     keep = _prune(index.metric, pids, head_dist, params.prune_ratio)
-    order = _locality_order(pids, early_queries)
+    order = locality_order(pids, early_queries)
     pids, keep = pids[order], keep[order]
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
-    chunks = _chunks(index, pids, keep, early_queries)
+    budgets = (READ_BUDGET_BYTES // PAGE_BYTES, _CELL_BUDGET)
+    chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
     running: list[tuple[slice, asyncio.Future[tuple[np.ndarray, np.ndarray]]]] = []
     try:
         for rows in chunks:
@@ -157,46 +159,6 @@ async def _search(
             await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     index.counters["queries"] += n_queries
     return out_ids, to_scores(index.metric, out_dist)
-
-
-def _locality_order(pids: np.ndarray, early_queries: int) -> np.ndarray:
-    """The order queries are searched in: those with early reads first (as given), then the
-    rest by their nearest head. Heads are numbered in the k-means tree's depth-first order, so
-    queries near in space come together: a chunk of them shares more lists (fewer reads when a
-    batch needs several chunks) and its lists sit closer in the file (fewer requests)."""
-    order = np.arange(len(pids))
-    if pids.shape[1] and len(pids) - early_queries > 1:
-        rest = np.argsort(pids[early_queries:, 0], kind="stable")
-        order[early_queries:] = early_queries + rest
-    return order
-
-
-def _chunks(
-    index: SpannIndex, pids: np.ndarray, keep: np.ndarray, first_at_least: int = 0
-) -> list[slice]:
-    """Consecutive query ranges, each as long as possible with the union of its lists fitting
-    the pooled read buffer (``READ_BUDGET_BYTES``: fresh memory is slow to touch) and its
-    distance matrix within ``_CELL_BUDGET``. A list two ranges share is read by both. The first
-    range holds at least ``first_at_least`` queries (those whose lists were read early: they
-    fit the buffer)."""
-    width = pids.shape[1]
-    pages = index.store.pages_of(np.where(keep, pids, 0)) * keep  # of each kept probe
-    longest = max(int(index.store.count[pids[keep]].max(initial=1)), 1)
-    most_queries = max(1, _CELL_BUDGET // (width * longest))
-    budget_pages = READ_BUDGET_BYTES // PAGE_BYTES
-    out, first, n = [], 0, len(pids)
-    while first < n:
-        stop = min(n, first + most_queries)
-        probes = np.where(keep[first:stop], pids[first:stop], -1).ravel()
-        kept = np.flatnonzero(probes >= 0)
-        _, first_seen = np.unique(probes[kept], return_index=True)
-        new_pages = np.zeros(stop - first, np.int64)  # pages each query adds to the union
-        np.add.at(new_pages, kept[first_seen] // width, pages[first:stop].ravel()[kept[first_seen]])
-        fits = int(np.searchsorted(np.cumsum(new_pages), budget_pages, side="right"))
-        stop = first + max(1, fits, first_at_least if first == 0 else 0)
-        out.append(slice(first, min(stop, n)))
-        first = stop
-    return out
 
 
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
