@@ -138,6 +138,8 @@ def run_dataset(
     systems, builds = _systems(runner, ds, out, quick, skip, notes, plan.variant)
     sweeps = dict(plan.sweeps)  # the default setting is always measured (the headline uses it)
     sweeps["ours"] = sorted({*sweeps["ours"], systems[0].stats["default_max_postings"]})
+    if len(ds.base) > 1_000_000 and not quick:  # big indexes need more lists for high recall
+        sweeps["ours"] = sorted({*sweeps["ours"], 192, 256})
     for name in ("ours_fp16", "ours_uint8", "ours_cfg", "ours_cfg_uint8"):
         sweeps[name] = sweeps["ours"]
     sweeps["faiss_ondisk_u8"] = sweeps["faiss_ondisk"]
