@@ -24,6 +24,7 @@ Thread-safety: pure; the compiled function releases the GIL, callers own their o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -31,7 +32,7 @@ from numba import njit
 from tiers.errors import CorruptionError
 from vectordb.posting_format import CHECK_WORD, check_salts
 
-__all__ = ["VectorSpan", "score_lists"]
+__all__ = ["VectorSpan", "score_lists", "warm_up"]
 
 _NO_WORDS = np.zeros(1, np.uint64)
 
@@ -109,6 +110,17 @@ def score_lists(
             f"posting list {int(span.posting_ids[bad_list])}: record {bad_record} fails its "
             "check; the page is corrupt or was never written"
         )
+
+
+def warm_up(record_element: np.dtype[Any]) -> None:
+    """Compile (or load from numba's cache) the kernel for records of ``record_element``, so
+    that an index's first search does not wait for it (SpannIndex runs this on its scoring
+    thread when it is opened)."""
+    element = np.float32 if np.dtype(record_element) == np.float16 else record_element
+    # one signature per element type: checking and norms are run-time flags
+    span = VectorSpan(np.zeros(64, element), np.zeros(1, np.int64), np.ones(1, np.int64), 4, 4)
+    dist, norms = np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32)
+    score_lists(span, np.array([0, 1], np.int64), 0, np.zeros((1, 4), np.float32), dist, norms)
 
 
 @njit(nogil=True, fastmath=True, cache=True)

@@ -26,6 +26,7 @@ from tiers.errors import EngineClosedError, FileMissingError
 from tiers.factory import create_engine
 from tiers.tier_directory import lock_directory, unlock_directory
 from vectordb.config import IndexConfig, SearchParams, default_postings
+from vectordb.dot_kernel import warm_up
 from vectordb.errors import IndexClosedError, IndexConfigError
 from vectordb.meta import MetaStore
 from vectordb.metric import Metric
@@ -101,6 +102,7 @@ class SpannIndex:
         except BaseException:
             await index._release()
             raise
+        index.scorer.submit(warm_up, index.config.numpy_dtype)
         return index
 
     @classmethod
@@ -120,6 +122,7 @@ class SpannIndex:
         except BaseException:
             await index._release()
             raise
+        index.scorer.submit(warm_up, index.config.numpy_dtype)  # not in the first search
         return index
 
     @classmethod

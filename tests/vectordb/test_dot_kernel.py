@@ -137,3 +137,21 @@ def test_of_records_spans_are_unchecked_copies() -> None:
     dist = np.zeros((1, 3), np.float32)
     score_lists(span, np.array([0, 1, 1]), 0, np.ones((1, 4), np.float32), dist, None)
     assert dist[0].tolist() == [6.0, 22.0, 38.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+def test_warm_up_compiles_the_signature_searches_use(dtype: str) -> None:
+    """After warm_up no search path compiles anything more for that record type."""
+    from vectordb.dot_kernel import _score, warm_up
+
+    warm_up(np.dtype(dtype))
+    before = len(_score.signatures)
+    rng = np.random.default_rng(0)
+    buffer, offsets, pids, _ = _buffer(rng, [3, 5], 8, dtype)
+    read = _read_of(buffer, offsets, [3, 5], pids, 8, dtype)
+    bounds = np.array([0, 1, 2], np.int64)
+    queries = np.ones((2, 8), np.float32) * -2.0  # as ProbeScores scales them: C-contiguous
+    for norms in (np.zeros((2, 5), np.float32), None):
+        for offset, span in read.spans(0, 2):
+            score_lists(span, bounds, offset, queries, np.zeros((2, 5), np.float32), norms)
+    assert len(_score.signatures) == before
