@@ -26,16 +26,20 @@ from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import BRIDGE_BYTES, PostingRead
 from vectordb.posting_store import PostingStore
 
-__all__ = ["BRIDGE_PAGES", "BatchReads", "buffer_bytes"]
+__all__ = ["BRIDGE_PAGES", "BatchReads", "buffer_bytes", "in_file_order"]
 
 BRIDGE_PAGES = BRIDGE_BYTES // PAGE_BYTES
 
 
+def in_file_order(store: PostingStore, pids: np.ndarray) -> np.ndarray:
+    """``pids`` sorted by where their lists start in the file (the order a read takes them)."""
+    pids = np.asarray(pids, np.int64)
+    return pids[np.argsort(store.start[pids], kind="stable")]
+
+
 def buffer_bytes(store: PostingStore, pids: np.ndarray, bridge_pages: int = BRIDGE_PAGES) -> int:
     """The buffer a BatchReads needs to read ``pids`` at once, gaps included."""
-    pids = np.asarray(pids, np.int64)
-    in_file_order = pids[np.argsort(store.start[pids], kind="stable")]
-    return (store.read_pages(in_file_order, bridge_pages) + 1) * PAGE_BYTES
+    return (store.read_pages(in_file_order(store, pids), bridge_pages) + 1) * PAGE_BYTES
 
 
 class BatchReads:
@@ -66,15 +70,11 @@ class BatchReads:
 
     def fits(self, pids: np.ndarray) -> bool:
         """Whether a read of ``pids`` fits in what is left of the buffer (without gaps)."""
-        return self._fits(self._in_file_order(pids), 0)
+        return self._fits(in_file_order(self._store, pids), 0)
 
     def _fits(self, pids: np.ndarray, bridge_pages: int) -> bool:
         pages = self._store.read_pages(pids, bridge_pages) + 1  # + PostingRead's spare page
         return self._used_bytes + pages * PAGE_BYTES <= self._capacity_bytes
-
-    def _in_file_order(self, pids: np.ndarray) -> np.ndarray:
-        pids = np.asarray(pids, np.int64)
-        return pids[np.argsort(self._store.start[pids], kind="stable")]
 
     def _carve(self, size_bytes: int) -> np.ndarray:
         if self._used_bytes + size_bytes > self._capacity_bytes:
@@ -90,7 +90,7 @@ class BatchReads:
         order of their place in the file (lists back to back there are read together)."""
         if len(pids) == 0:
             return
-        pids = self._in_file_order(pids)
+        pids = in_file_order(self._store, pids)
         bridge = self._bridge_pages if self._fits(pids, self._bridge_pages) else 0
         self.offsets.append(sum(len(p) for p in self._pids))
         self._pids.append(pids)

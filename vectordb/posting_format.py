@@ -50,8 +50,7 @@ PAGE_BYTES = 4096
 _HEADER_BYTES = 24
 SEED = 0x74696572_6B697431 ^ FORMAT_VERSION  # "tierkit1"
 MIX = 0x9E3779B9_7F4A7C15  # odd: posting ids map to distinct offsets
-_CHECK_WORD = 2
-CHECK_WORD = _CHECK_WORD  # the check's place in a record, in 8-byte words
+CHECK_WORD = 2  # the check's place in a record, in 8-byte words
 
 
 def record_bytes(dim: int, dtype: Any) -> int:
@@ -78,7 +77,7 @@ def pages_for(n_records: Any, rec_bytes: int) -> Any:
 
 def _checks(words: np.ndarray, posting_ids: np.ndarray | int) -> np.ndarray:
     """Expected check word per row of ``words`` (uint64 [n, w])."""
-    total = words.sum(axis=1, dtype=np.uint64) - words[:, _CHECK_WORD]
+    total = words.sum(axis=1, dtype=np.uint64) - words[:, CHECK_WORD]
     # 1-d arrays: numpy wraps array arithmetic silently (scalar arithmetic would warn)
     salt = np.atleast_1d(np.asarray(posting_ids, dtype=np.uint64)) * np.uint64(MIX)
     salt += np.uint64(SEED)
@@ -157,7 +156,7 @@ def verify_many(
     bounds[0::2] = starts
     bounds[1::2] = starts + width
     sums = np.add.reduceat(words, bounds)[0::2]
-    check = words[starts + _CHECK_WORD]
+    check = words[starts + CHECK_WORD]
     pids = np.repeat(np.asarray(posting_ids, np.int64), counts)
     bad = np.flatnonzero(_checks_from_sums(sums, check, pids) != check)
     if bad.size:

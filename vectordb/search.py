@@ -8,24 +8,23 @@ For a batch of queries:
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
 3. the union of the lists over the whole batch is read once (a list two queries need is read
-   once) and every record's check word is verified; the lists arrive in a few groups, each
-   checked and scored on the index's scoring thread (numpy releases the GIL) while the loop
-   thread submits and reaps the rest. From ``_READ_WHILE_NAVIGATING_AT`` queries the reads
-   start during step 1: each piece of the loop thread's share of the head scan starts the
-   reads of its new lists, so the device works while the heads are still being scanned (the
-   scan was ~40% of a batch's CPU); the rest of the lists follow in one submission
+   once; lists back to back in the file, or a short gap apart, share one request:
+   posting_reads); the lists arrive in a few groups, each checked and scored on the index's
+   scoring thread while the loop thread submits and reaps the rest. From
+   ``_READ_WHILE_NAVIGATING_AT`` queries the reads start during step 1: each piece of the loop
+   thread's share of the head scan starts the reads of its new lists, so the device works
+   while the heads are still being scanned; the rest of the lists follow in one submission
    (batch_reads.BatchReads: all of them in one buffer);
-4. exact distances per list (one matrix product with the queries that probe it), stale copies
-   (older version) and deleted ids masked out, and per query the best ``k`` distinct ids
-   (replicas counted once): scoring.ProbeScores.
+4. per group, one compiled pass checks every record's check word and takes the exact dot
+   products with the queries that probe its list (dot_kernel, no GIL held); then, vectorised
+   over the batch, stale copies (older version) and deleted ids masked out, and per query the
+   best ``k`` distinct ids (replicas counted once): scoring.ProbeScores.
 
 A large batch is cut into chunks of queries, so that one chunk's lists fit a reusable read
-buffer and its distance matrix stays within ``_CELL_BUDGET``; two chunks overlap (the next
-one's reads start once the previous one's have landed, so the device does not idle through a
-chunk's last scoring and top-k); the queries are
-taken in the order of their nearest head (chunk_plan.locality_order), so a chunk holds queries near
-each other, which share lists. Lists back to back in the file are read by one request
-(posting_reads).
+buffer and its distance matrix stays within ``_CELL_BUDGET``; the queries are taken in the
+order of their nearest head (chunk_plan.locality_order), so a chunk holds queries near each
+other, which share lists; two chunks overlap (the next one's reads start once the previous
+one's have landed, so the device does not idle through a chunk's last scoring and top-k).
 
 Lists seen with few live vectors are noted for merging (done by the next update).
 Concurrency: runs beside other searches and one updater (see posting_store for why reads
