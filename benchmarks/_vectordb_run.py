@@ -259,6 +259,11 @@ def run(argv: list[str] | None = None) -> None:
                     upd = update_phase(runner, ds, args.out / "vectordb" / "spann",
                                        plan.update_steps)  # fmt: skip
                     print(update_table(upd) + "\n")
+                    if plan.variant:  # the same phase on the index built with --variant
+                        other = update_phase(runner, ds, args.out / "vectordb" / "spann",
+                                             plan.update_steps, plan.variant)  # fmt: skip
+                        print(f"Update phase with {_describe(plan.variant)}:\n")
+                        print(update_table(other) + "\n")
                     headline["insert_vectors_per_s"] = round(upd.insert_rate, 1)
                     headline["recall_after_updates"] = round(upd.final_recall, 4)
                     headline["min_recall_during_updates"] = round(upd.min_recall, 4)

@@ -17,6 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -128,13 +129,19 @@ async def _phase(
     return result
 
 
-def update_phase(runner: asyncio.Runner, ds: Dataset, cache_dir: Path, steps: int) -> UpdateResult:
+def update_phase(
+    runner: asyncio.Runner,
+    ds: Dataset,
+    cache_dir: Path,
+    steps: int,
+    overrides: dict[str, Any] | None = None,
+) -> UpdateResult:
     rng = np.random.default_rng(7)
     order = rng.permutation(len(ds.base))
     cut = len(ds.base) - len(ds.base) // 10
     built, held = np.sort(order[:cut]), order[cut:]
     doomed = rng.choice(built, size=len(held), replace=False)
-    source, _ = cached_build(runner, cache_dir, f"{ds.name}-90pct", ds, built)
+    source, _ = cached_build(runner, cache_dir, f"{ds.name}-90pct", ds, built, overrides=overrides)
     work = cache_dir / "update-work"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(source, work)
