@@ -116,12 +116,20 @@ class SearchParams:
     # posting lists read per query, nearest heads first; None: default_postings(heads)
     max_postings: int | None = None
     prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
+    # lists after the first max_postings a query also scores when its batch reads them anyway
+    # (for other queries: no extra I/O); None: as many as max_postings
+    shared_postings: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_postings is not None:
             _positive(self, "max_postings")
         if self.prune_ratio < 1.0:
             raise IndexConfigError(f"prune_ratio must be >= 1, got {self.prune_ratio}")
+        shared = self.shared_postings
+        if shared is not None and (
+            not isinstance(shared, (int, np.integer)) or isinstance(shared, bool) or shared < 0
+        ):
+            raise IndexConfigError(f"shared_postings must be an integer >= 0, got {shared!r}")
 
 
 def default_postings(n_heads: int) -> int:

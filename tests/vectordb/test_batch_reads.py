@@ -99,7 +99,8 @@ def test_reading_while_navigating_answers_as_single_queries(
         config = IndexConfig(dim=16, metric="l2", posting_limit=48, head_fraction=0.12)
         async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(None, vectors)
-            params = SearchParams(max_postings=6)
+            # without shared lists a batch scores what single queries do (test_shared_postings)
+            params = SearchParams(max_postings=6, shared_postings=0)
             whole = await index.search(queries, k=7, params=params)
             alone = [await index.search(q[None, :], k=7, params=params) for q in queries]
         np.testing.assert_array_equal(whole[0], np.concatenate([a[0] for a in alone]))
@@ -226,7 +227,7 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
 
     async def main() -> None:
         config = IndexConfig(dim=16, posting_limit=48)
-        params = SearchParams(max_postings=5)
+        params = SearchParams(max_postings=5, shared_postings=0)  # answers as single queries
         async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(None, vectors)
             await index.store.sync()

@@ -290,7 +290,7 @@ def test_float16_lists_keep_recall_and_refuse_overflow(tmp_path: Path) -> None:
 def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A large batch (head scan split over two threads, distances or reads cut into chunks,
     lists shared between queries, the read buffer reused) answers exactly as single queries
-    do."""
+    do when queries score only their own lists (shared_postings=0)."""
     import vectordb.search as search_module
 
     vectors = clustered(3000, 16, seed=11)
@@ -300,7 +300,7 @@ def test_batch_paths_agree_with_one_query_at_a_time(tmp_path: Path, monkeypatch)
         config = IndexConfig(dim=16, metric="l2", posting_limit=48)
         async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(None, vectors)
-            params = SearchParams(max_postings=6)
+            params = SearchParams(max_postings=6, shared_postings=0)
             whole = await index.search(queries, k=7, params=params)
             assert index.stats()["spare_buffer_bytes"] > 0
             monkeypatch.setattr(search_module, "_CELL_BUDGET", 6 * 48 * 5)  # 5-query chunks
