@@ -25,8 +25,8 @@ from tiers.engine import FileHandle, IOEngine
 from tiers.errors import EngineClosedError, FileMissingError
 from tiers.factory import create_engine
 from tiers.tier_directory import lock_directory, unlock_directory
+from vectordb import dot_kernel, head_scan
 from vectordb.config import IndexConfig, SearchParams, default_postings
-from vectordb.dot_kernel import warm_up
 from vectordb.errors import IndexClosedError, IndexConfigError
 from vectordb.meta import MetaStore
 from vectordb.metric import Metric
@@ -102,7 +102,7 @@ class SpannIndex:
         except BaseException:
             await index._release()
             raise
-        index.scorer.submit(warm_up, index.config.numpy_dtype)
+        index.scorer.submit(_warm_up, index.config.numpy_dtype)
         return index
 
     @classmethod
@@ -122,7 +122,7 @@ class SpannIndex:
         except BaseException:
             await index._release()
             raise
-        index.scorer.submit(warm_up, index.config.numpy_dtype)  # not in the first search
+        index.scorer.submit(_warm_up, index.config.numpy_dtype)  # not in the first search
         return index
 
     @classmethod
@@ -290,3 +290,11 @@ class SpannIndex:
     def take_pid(self) -> int:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         return pid
+
+
+def _warm_up(record_element: np.dtype[Any]) -> None:
+    """Compile (or load from numba's cache) the search's kernels, and import torch where the
+    head scan uses it, on the scoring thread: not in the first search."""
+    dot_kernel.warm_up(record_element)
+    if head_scan.bfloat16_is_native():
+        head_scan.warm_up()

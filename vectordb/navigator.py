@@ -1,11 +1,13 @@
 """Navigator: the in-memory head vectors and the index that finds a query's nearest heads.
 
-An exact scan in numpy (one BLAS matrix product per query chunk: 3x faster than faiss's flat
-index on this machine) while there are few heads; faiss HNSW (M=32) above ``HNSW_ABOVE``
-heads. Heads are added when a posting list splits and removed when one splits or merges away;
-the flat scan fills the hole with its last head; HNSW cannot drop entries cheaply, so there a
-removed head is only marked dead (searches ask for a few more results and skip it) and the
-graph is rebuilt once a tenth of it is dead.
+An exact scan while there are few heads: one BLAS matrix product per query chunk in numpy (3x
+faster than faiss's flat index on this machine), or, for larger head sets on CPUs with native
+bfloat16 products, a bfloat16 product that bounds the distances plus exact distances for the few
+heads the bounds leave in doubt (head_scan.py: the same answer, ~3x less CPU); faiss HNSW
+(M=32) above ``HNSW_ABOVE`` heads. Heads are added when a posting list splits and removed
+when one splits or merges away; the flat scan fills the hole with its last head; HNSW cannot
+drop entries cheaply, so there a removed head is only marked dead (searches ask for a few
+more results and skip it) and the graph is rebuilt once a tenth of it is dead.
 
 Distances are the index's internal ones (metric.py): smaller is nearer.
 Concurrency: loop thread only; faiss calls release the GIL and use its own OpenMP threads.
@@ -16,11 +18,15 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
+from vectordb import head_scan
 from vectordb.metric import Metric
 
-__all__ = ["HNSW_ABOVE", "Navigator"]
+__all__ = ["BFLOAT16_FROM_CELLS", "HNSW_ABOVE", "Navigator"]
 
 HNSW_ABOVE = 20_000
+# heads x dim from which the flat scan goes through head_scan (below, float32 BLAS is cheap
+# and the bfloat16 copy not worth its memory)
+BFLOAT16_FROM_CELLS = 1 << 20
 _HNSW_M = 32
 
 
@@ -37,6 +43,7 @@ class Navigator:
         self._pid_pos = np.zeros(0, np.int64)  # pid -> position, -1 when not a head
         self._n_heads = 0
         self._dead = 0
+        self._bfloat: head_scan.BfloatHeads | None = None  # made on first use after a change
 
     @property
     def n_heads(self) -> int:
@@ -56,6 +63,7 @@ class Navigator:
         return self._n_flat if self._index is None else self._index.ntotal
 
     def _add_flat(self, vectors: np.ndarray) -> None:
+        self._bfloat = None
         n = len(vectors)
         if self._n_flat + n > len(self._flat):
             rows = max(len(self._flat) + len(self._flat) // 16, self._n_flat + n, 64)
@@ -69,8 +77,21 @@ class Navigator:
         self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", block, block)
         self._n_flat += n
 
+    def _uses_bfloat16(self, want: int = 1) -> bool:
+        return (
+            self._n_flat * self.dim >= BFLOAT16_FROM_CELLS
+            and 8 * want <= self._n_flat
+            and head_scan.bfloat16_is_native()
+        )
+
     def _search_flat(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
         heads = self._flat[: self._n_flat]
+        if self._uses_bfloat16(want):
+            rounded = self._bfloat
+            if rounded is None:  # two threads may both make it: same result, either is kept
+                rounded = head_scan.BfloatHeads(heads, self.metric is Metric.L2)
+                self._bfloat = rounded
+            return head_scan.nearest(rounded, queries, heads, want)
         dist = queries @ heads.T
         if self.metric is Metric.L2:
             dist = self._flat_norms[: self._n_flat] - 2.0 * dist
@@ -127,6 +148,7 @@ class Navigator:
 
     def _swap_out(self, pos: int) -> None:
         """Flat mode: move the last head into ``pos``, so the scan never sees a dead one."""
+        self._bfloat = None
         last = self._n_flat - 1
         if pos != last:
             self._flat[pos] = self._flat[last]
@@ -197,6 +219,7 @@ class Navigator:
             vectors = np.concatenate([vectors, extra[0]])
             pids = np.concatenate([pids, extra[1]])
         self._index = self._new_index(len(pids))
+        self._bfloat = None
         if self._index is not None:  # now HNSW: the flat copy goes
             self._flat = np.zeros((0, self.dim), np.float32)
             self._flat_norms = np.zeros(0, np.float32)
@@ -210,6 +233,8 @@ class Navigator:
     def resident_bytes(self) -> int:
         bookkeeping = self._pos_pid.nbytes + self._pid_pos.nbytes
         if self._index is None:
-            return self._flat.nbytes + self._flat_norms.nbytes + bookkeeping
+            # the bfloat16 copy counts whenever the scan uses it, made yet or not
+            rounded = self._n_flat * (2 * self.dim + 16) if self._uses_bfloat16() else 0
+            return self._flat.nbytes + self._flat_norms.nbytes + rounded + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping

@@ -1,19 +1,40 @@
-"""Navigator (flat numpy scan and faiss HNSW) against brute force in numpy: nearest heads,
-removal, rebuild after many removals, vectors_of and snapshot."""
+"""Navigator (flat scan, float32 or bfloat16-bounded, and faiss HNSW) against brute force in
+numpy: nearest heads, removal, rebuild after many removals, vectors_of and snapshot."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import vectordb.navigator as navigator_module
 from tests.vectordb.helpers import clustered
+from vectordb import head_scan
 from vectordb.metric import Metric, pairwise_distances, prepare
 from vectordb.navigator import Navigator
 
 DIM = 16
 METRICS = [Metric.L2, Metric.IP, Metric.COSINE]
+SCANS = ["float32", "bfloat16"]
+
+
+@contextmanager
+def _scan(kind: str) -> Iterator[None]:
+    """The flat scan forced to one kind whatever the size and the CPU (bfloat16 needs torch:
+    without native bfloat16 it is slow, not wrong)."""
+    if kind == "bfloat16":
+        pytest.importorskip("torch")
+    saved = navigator_module.BFLOAT16_FROM_CELLS, head_scan.bfloat16_is_native
+    navigator_module.BFLOAT16_FROM_CELLS = 0 if kind == "bfloat16" else 1 << 62
+    head_scan.bfloat16_is_native = lambda: kind == "bfloat16"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        navigator_module.BFLOAT16_FROM_CELLS, head_scan.bfloat16_is_native = saved
 
 
 def _heads(n: int, metric: Metric, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -65,16 +86,32 @@ def _check_padding(got: np.ndarray, dist: np.ndarray, k: int, live: int) -> None
     assert (got[:, live:] == -1).all() and np.isinf(dist[:, live:]).all()
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("metric", METRICS)
-def test_flat_is_exact(metric: Metric) -> None:
+def test_flat_is_exact(metric: Metric, scan: str) -> None:
     pids, vectors = _heads(300, metric)
-    nav = Navigator(DIM, metric, kind="flat")
-    nav.add(vectors[:100], pids[:100])
-    nav.add(vectors[100:], pids[100:])  # grows its buffer
-    assert nav.n_heads == 300
-    queries = prepare(metric, clustered(40, DIM, seed=7))
-    for k in [1, 5, 17]:
-        _check_flat_exact(nav, pids, vectors, queries, k)
+    with _scan(scan):
+        nav = Navigator(DIM, metric, kind="flat")
+        nav.add(vectors[:100], pids[:100])
+        nav.add(vectors[100:], pids[100:])  # grows its buffer
+        assert nav.n_heads == 300
+        queries = prepare(metric, clustered(40, DIM, seed=7))
+        for k in [1, 5, 17]:
+            _check_flat_exact(nav, pids, vectors, queries, k)
+        assert (nav._bfloat is not None) == (scan == "bfloat16")
+
+
+def test_bfloat16_copy_counts_as_resident() -> None:
+    pids, vectors = _heads(300, Metric.L2)
+    sizes = {}
+    for scan in SCANS:
+        with _scan(scan):
+            nav = Navigator(DIM, Metric.L2, kind="flat")
+            nav.add(vectors, pids)
+            sizes[scan] = nav.resident_bytes()  # before the copy is made: counted already
+            nav.search(vectors[:2], 3)
+            assert nav.resident_bytes() == sizes[scan]
+    assert sizes["bfloat16"] - sizes["float32"] == 300 * (2 * DIM + 16)
 
 
 def test_flat_fewer_heads_than_k_pads() -> None:
@@ -122,9 +159,15 @@ def test_hnsw_recall(metric: Metric) -> None:
 
 
 @given(data=st.data())
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_flat_remove_against_model(data: st.DataObject) -> None:
-    """Random adds and removes; the flat scan is exact over exactly the live heads."""
+    """Random adds and removes, searches between them; either flat scan is exact over exactly
+    the live heads (the bfloat16 copy is remade after every change)."""
+    with _scan(data.draw(st.sampled_from(SCANS), label="scan")):
+        _remove_against_model(data)
+
+
+def _remove_against_model(data: st.DataObject) -> None:
     metric = data.draw(st.sampled_from(METRICS), label="metric")
     pids, vectors = _heads(120, metric, seed=data.draw(st.integers(0, 3), label="seed"))
     nav = Navigator(DIM, metric, kind="flat")
@@ -143,7 +186,8 @@ def test_flat_remove_against_model(data: st.DataObject) -> None:
         assert nav.n_heads == len(live)
         queries = prepare(metric, clustered(8, DIM, seed=added))
         if live:
-            _check_flat_exact(nav, pids[live], vectors[live], queries, 7)
+            k = data.draw(st.integers(1, 7), label="k")  # small k: bfloat16 from 8k heads
+            _check_flat_exact(nav, pids[live], vectors[live], queries, k)
             np.testing.assert_array_equal(nav.vectors_of(pids[live]), vectors[live])
         else:
             assert (nav.search(queries, 3)[0] == -1).all()
