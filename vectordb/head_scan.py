@@ -32,7 +32,8 @@ alone: a search scans heads on two threads of its own (search.py), and torch's O
 given a second thread, waits for a core the other search thread holds (measured: 22 ms
 instead of ~7 ms per 500 queries in 32-query pieces). Only the calling thread's OpenMP
 setting is changed, for the call (``_one_omp_thread``), never torch's process-wide one.
-Thread-safety: ``BfloatHeads`` is immutable once made; ``nearest`` may run on several threads.
+Thread-safety: ``nearest`` may run on several threads at once; ``BfloatHeads.put``/``move``
+only while no search runs (the navigator's heads change under the same rule).
 """
 
 from __future__ import annotations
@@ -104,39 +105,71 @@ def _one_omp_thread() -> Iterator[None]:
 
 
 class BfloatHeads:
-    """The heads, centred and rounded to bfloat16, with what the bound needs."""
+    """The heads, centred and rounded to bfloat16, with what the bound needs, by position
+    (the navigator's flat positions: kept in step by ``put`` and ``move``). The centre is
+    fixed when made: any centre keeps the bound valid; the mean keeps it tight. Rows are
+    stored with the navigator's capacity, so adding heads does not remake the copy."""
 
-    def __init__(self, heads: np.ndarray, metric_is_l2: bool) -> None:
-        import torch
-
+    def __init__(self, heads: np.ndarray, metric_is_l2: bool, capacity: int = 0) -> None:
         self.l2 = metric_is_l2
         self.dim = heads.shape[1]
         self.centre = heads.mean(axis=0, dtype=np.float64).astype(np.float32)
-        centred = heads - self.centre
-        norms = np.sqrt(np.einsum("ij,ij->i", centred, centred, dtype=np.float64))
-        self.norms = norms.astype(np.float32)
-        base = norms**2 if metric_is_l2 else np.zeros(len(heads))
-        # float32 rounding of the key; products below 2^-126 flushed to zero by bfloat16 units
-        slack_add = 2.0**-20 * base + self.dim * 2.0**-125
-        self.upper_base = (base + slack_add).astype(np.float32)  # a(h) + e(h)
-        self.lower_base = (base - slack_add).astype(np.float32)
         self.scale = 2.0 if metric_is_l2 else 1.0
         self.c = 4 * _U + (self.dim + 8) * 2.0**-24
-        self.rounded = torch.from_numpy(np.ascontiguousarray(centred)).to(torch.bfloat16)
+        self.count = 0
+        self._grow(max(capacity, len(heads)))
+        self.put(0, heads)
+
+    def _grow(self, capacity: int) -> None:
+        old = self.count
+        bits = np.zeros((capacity, self.dim), np.uint16)
+        columns = [np.zeros(capacity, np.float32) for _ in range(3)]
+        if old:
+            bits[:old] = self.bits[:old]
+            held = (self.norms, self.upper_base, self.lower_base)
+            for column, kept in zip(columns, held, strict=True):
+                column[:old] = kept[:old]
+        self.bits = bits
+        self.norms, self.upper_base, self.lower_base = columns
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.rounded.numel() + 3 * 4 * len(self.norms)
+        return self.bits.nbytes + 3 * self.norms.nbytes
+
+    def put(self, start: int, heads: np.ndarray) -> None:
+        """Rows ``start...`` hold ``heads`` (float32 [n, dim]); the count grows to cover them."""
+        import torch
+
+        stop = start + len(heads)
+        if stop > len(self.bits):
+            self._grow(max(stop, len(self.bits) + len(self.bits) // 16))
+        centred = np.ascontiguousarray(heads - self.centre, np.float32)
+        rounded = torch.from_numpy(centred).to(torch.bfloat16).view(torch.int16)
+        self.bits[start:stop] = rounded.numpy().view(np.uint16)
+        norms = np.sqrt(np.einsum("ij,ij->i", centred, centred, dtype=np.float64))
+        base = norms**2 if self.l2 else np.zeros(len(heads))
+        # float32 rounding of the key; products below 2^-126 flushed to zero by bfloat16 units
+        slack_add = 2.0**-20 * base + self.dim * 2.0**-125
+        self.norms[start:stop] = norms
+        self.upper_base[start:stop] = base + slack_add  # a(h) + e(h)
+        self.lower_base[start:stop] = base - slack_add
+        self.count = max(self.count, stop)
+
+    def move(self, source: int, target: int) -> None:
+        """Row ``target`` takes row ``source``'s head (the navigator's swap-out)."""
+        for column in (self.bits, self.norms, self.upper_base, self.lower_base):
+            column[target] = column[source]
 
     def approximate_dots(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the products x.y from bfloat16, float32 [Q, H]; |x| [Q] in float64)."""
+        """(the products x.y from bfloat16, float32 [Q, count]; |x| [Q] in float64)."""
         import torch
 
         x = queries - self.centre if self.l2 else queries
         x_norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-        dots = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
+        rounded_x = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
+        heads = torch.from_numpy(self.bits[: self.count].view(np.int16)).view(torch.bfloat16)
         with _one_omp_thread():
-            return (dots @ self.rounded.T).float().numpy(), x_norms
+            return (rounded_x @ heads.T).float().numpy(), x_norms
 
 
 def nearest(
@@ -145,7 +178,8 @@ def nearest(
     """(distances float32 [Q, want], positions int64 [Q, want]) of each query's ``want``
     nearest heads, nearest first: l2 ``|q - h|^2``, else ``-q.h``, summed in float64 (more
     exact than the float32 scan's ``|q|^2 + |h|^2 - 2 q.h``).
-    Preconditions: ``1 <= want <= len(heads)``; ``queries`` float32 [Q, dim] prepared."""
+    Preconditions: ``1 <= want <= len(heads)``; ``heads`` are the heads of ``bf``'s first ``count``
+    rows; ``queries`` float32 [Q, dim] prepared."""
     queries = np.ascontiguousarray(queries, np.float32)
     dots, x_norms = bf.approximate_dots(queries)
     out_pos = np.empty((len(queries), want), np.int64)

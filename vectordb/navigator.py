@@ -43,7 +43,8 @@ class Navigator:
         self._pid_pos = np.zeros(0, np.int64)  # pid -> position, -1 when not a head
         self._n_heads = 0
         self._dead = 0
-        self._bfloat: head_scan.BfloatHeads | None = None  # made on first use after a change
+        # made on first use (centred on the heads then), kept in step with _flat after that
+        self._bfloat: head_scan.BfloatHeads | None = None
 
     @property
     def n_heads(self) -> int:
@@ -63,7 +64,6 @@ class Navigator:
         return self._n_flat if self._index is None else self._index.ntotal
 
     def _add_flat(self, vectors: np.ndarray) -> None:
-        self._bfloat = None
         n = len(vectors)
         if self._n_flat + n > len(self._flat):
             rows = max(len(self._flat) + len(self._flat) // 16, self._n_flat + n, 64)
@@ -75,6 +75,8 @@ class Navigator:
         block = self._flat[self._n_flat : self._n_flat + n]
         block[:] = vectors
         self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", block, block)
+        if self._bfloat is not None:  # kept in step, not remade: heads come a few at a time
+            self._bfloat.put(self._n_flat, block)
         self._n_flat += n
 
     def _uses_bfloat16(self, want: int = 1) -> bool:
@@ -89,7 +91,8 @@ class Navigator:
         if self._uses_bfloat16(want):
             rounded = self._bfloat
             if rounded is None:  # two threads may both make it: same result, either is kept
-                rounded = head_scan.BfloatHeads(heads, self.metric is Metric.L2)
+                l2 = self.metric is Metric.L2
+                rounded = head_scan.BfloatHeads(heads, l2, capacity=len(self._flat))
                 self._bfloat = rounded
             return head_scan.nearest(rounded, queries, heads, want)
         dist = queries @ heads.T
@@ -148,8 +151,10 @@ class Navigator:
 
     def _swap_out(self, pos: int) -> None:
         """Flat mode: move the last head into ``pos``, so the scan never sees a dead one."""
-        self._bfloat = None
         last = self._n_flat - 1
+        if self._bfloat is not None:
+            self._bfloat.move(last, pos)
+            self._bfloat.count = last
         if pos != last:
             self._flat[pos] = self._flat[last]
             self._flat_norms[pos] = self._flat_norms[last]
@@ -234,7 +239,9 @@ class Navigator:
         bookkeeping = self._pos_pid.nbytes + self._pid_pos.nbytes
         if self._index is None:
             # the bfloat16 copy counts whenever the scan uses it, made yet or not
-            rounded = self._n_flat * (2 * self.dim + 16) if self._uses_bfloat16() else 0
+            rounded = len(self._flat) * (2 * self.dim + 12) if self._uses_bfloat16() else 0
+            if self._bfloat is not None:
+                rounded = self._bfloat.nbytes
             return self._flat.nbytes + self._flat_norms.nbytes + rounded + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping

@@ -73,6 +73,31 @@ def test_heads_a_rounding_apart_and_ties(metric: Metric) -> None:
         _check(metric, queries, heads, want)
 
 
+@pytest.mark.parametrize("metric", [Metric.L2, Metric.IP])
+def test_rows_put_and_moved_after_the_centre_was_fixed(metric: Metric) -> None:
+    """Heads added later (far from the centre fixed at first) and heads moved into holes, as
+    the navigator does on splits and merges: still exact over the current rows."""
+    rng = np.random.default_rng(7)
+    first = rng.normal(size=(100, 24)).astype(np.float32)
+    later = (40.0 + rng.normal(size=(150, 24))).astype(np.float32)
+    bf = head_scan.BfloatHeads(first, metric is Metric.L2, capacity=110)
+    heads = np.concatenate([first, np.zeros((150, 24), np.float32)])
+    for start in range(100, 250, 50):  # grows past its capacity
+        bf.put(start, later[start - 100 : start - 50])
+        heads[start : start + 50] = later[start - 100 : start - 50]
+    for hole in (3, 120, 7):  # the last row moves into the hole; one row fewer
+        last = bf.count - 1
+        bf.move(last, hole)
+        heads[hole] = heads[last]
+        bf.count = last
+    heads = heads[: bf.count]
+    queries = np.concatenate([first[:5] + 0.1, later[:5] - 0.1, 20.0 + first[:3]])
+    dist, pos = head_scan.nearest(bf, queries.astype(np.float32), heads, 6)
+    true = _exact(metric, queries.astype(np.float32), heads)
+    np.testing.assert_allclose(dist, np.sort(true, axis=1)[:, :6], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(true, pos, axis=1), dist, rtol=1e-6, atol=1e-6)
+
+
 def test_fashion_like_pixels() -> None:
     """Non-negative 784-d integer pixels (large norms, small differences): exact."""
     rng = np.random.default_rng(6)
