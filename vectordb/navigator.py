@@ -3,14 +3,15 @@
 An exact scan while there are few heads: one BLAS matrix product per query chunk in numpy (3x
 faster than faiss's flat index on this machine), or, for larger head sets on CPUs with native
 bfloat16 products, a bfloat16 product that bounds the distances plus exact distances for the few
-heads the bounds leave in doubt (head_scan.py: the same answer, ~3x less CPU); faiss HNSW
+heads the bounds leave in doubt (head_scan.py: the same answer, 4-10x less CPU); faiss HNSW
 (M=32) above ``HNSW_ABOVE`` heads. Heads are added when a posting list splits and removed
 when one splits or merges away; the flat scan fills the hole with its last head; HNSW cannot
 drop entries cheaply, so there a removed head is only marked dead (searches ask for a few
 more results and skip it) and the graph is rebuilt once a tenth of it is dead.
 
 Distances are the index's internal ones (metric.py): smaller is nearer.
-Concurrency: loop thread only; faiss calls release the GIL and use its own OpenMP threads.
+Concurrency: ``search`` may run on the loop and scoring threads at once (search.py); heads
+change only while no search runs. faiss calls release the GIL and use its own OpenMP threads.
 """
 
 from __future__ import annotations
