@@ -78,13 +78,18 @@ def score_lists(
     queries: np.ndarray,
     dist: np.ndarray,
     norms: np.ndarray | None,
+    rows: np.ndarray | None = None,
 ) -> None:
     """For list ``i`` of ``span`` (the batch's list ``list_base + i``), its probes
-    ``bounds[u]:bounds[u + 1]`` and record ``r``: ``dist[p, r] = queries[p] . vector``, and
-    ``norms[u, r] = |vector|^2`` when ``norms`` is given. ``queries`` [probes, dim] float32.
-    Raises CorruptionError naming the first record that fails its check (when checked)."""
+    ``bounds[u]:bounds[u + 1]`` and record ``r``: ``dist[p, r] = queries[rows[p]] . vector``,
+    and ``norms[u, r] = |vector|^2`` when ``norms`` is given. ``queries`` [n, dim] float32;
+    ``rows`` int64 [probes] (None: probe ``p`` is query ``p``): a batch's probes share its
+    queries without a per-probe copy. Raises CorruptionError naming the first record that
+    fails its check (when checked)."""
     if len(span.counts) == 0 or span.dim == 0:
         return
+    if rows is None:
+        rows = np.arange(len(dist), dtype=np.int64)
     checked = span.words is not None
     bad_list, bad_record = _score(
         span.values,
@@ -100,6 +105,7 @@ def score_lists(
         np.ascontiguousarray(bounds, np.int64),
         list_base,
         queries,
+        np.ascontiguousarray(rows, np.int64),
         dist,
         norms if norms is not None else np.zeros((1, 1), np.float32),
         norms is not None,
@@ -138,6 +144,7 @@ def _score(  # type: ignore[no-untyped-def]
     bounds,
     list_base,
     queries,
+    rows,
     dist,
     norms,
     with_norms,
@@ -164,7 +171,7 @@ def _score(  # type: ignore[no-untyped-def]
                     square += x * x
                 norms[u, r] = square
             for p in range(lo, hi):
-                query = queries[p]
+                query = queries[rows[p]]
                 acc = np.float32(0.0)
                 for d in range(dim):
                     acc += query[d] * np.float32(vector[d])

@@ -34,16 +34,20 @@ class ProbeScores:
     def __init__(
         self,
         metric: Metric,
-        probe_queries: np.ndarray,
+        queries: np.ndarray,
+        probe_rows: np.ndarray,
         list_of: np.ndarray,
         bounds: np.ndarray,
         longest: int,
     ) -> None:
-        """``probe_queries`` [probes, dim]: the prepared query of each probe, probes sorted by
-        list; ``list_of`` each probe's list (0-based, non-decreasing); ``bounds`` [lists + 1]."""
+        """``queries`` [Q, dim] prepared; ``probe_rows`` each probe's query row, probes sorted
+        by list; ``list_of`` each probe's list (0-based, non-decreasing); ``bounds``
+        [lists + 1]."""
         self.metric = metric
-        # internal distance = -q.v (ip, cosine) or |v|^2 - 2 q.v (+ |q|^2 at the end, l2)
-        self._q = probe_queries * np.float32(-2.0 if metric is Metric.L2 else -1.0)
+        # internal distance = -q.v (ip, cosine) or |v|^2 - 2 q.v (+ |q|^2 at the end, l2);
+        # scaled once per query, not copied per probe (tens of MB a batch in 784 dimensions)
+        self._q = queries * np.float32(-2.0 if metric is Metric.L2 else -1.0)
+        self._rows = np.ascontiguousarray(probe_rows, np.int64)
         self._list_of = list_of
         self._bounds = bounds
         n_lists = len(bounds) - 1
@@ -86,7 +90,9 @@ class ProbeScores:
         col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         self.ids[row, col], self.valid[row, col] = ids_live
         for offset, span in spans:
-            score_lists(span, self._bounds, first + offset, self._q, self.dist, self._norms)
+            score_lists(
+                span, self._bounds, first + offset, self._q, self.dist, self._norms, self._rows
+            )
 
     def best(
         self,

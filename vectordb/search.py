@@ -258,7 +258,7 @@ async def _search_chunk(
         probe_query, probe_slot = probe_query[by_list], probe_slot[by_list]
         list_of = list_of[by_list]
         bounds = np.searchsorted(list_of, np.arange(len(order) + 1))
-        scores = ProbeScores(index.metric, queries[probe_query], list_of, bounds, reads.longest)
+        scores = ProbeScores(index.metric, queries, probe_query, list_of, bounds, reads.longest)
         async with aclosing(reads.groups()) as groups:
             async for read, batch_first, first, stop in groups:
                 lists = read.views(first, stop)

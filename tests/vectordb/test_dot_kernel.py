@@ -80,6 +80,27 @@ def test_scores_match_numpy(
             np.testing.assert_allclose(norms[u, : len(v)], (v * v).sum(axis=1), rtol=1e-4)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6))
+def test_probes_share_query_rows(seed: int, sizes: list[int]) -> None:
+    """Probes naming their query by row (``rows``) score exactly as with a per-probe copy,
+    bit for bit: the search passes its batch's queries once, not one copy per probe."""
+    rng = np.random.default_rng(seed)
+    dim = 12
+    buffer, offsets, pids, _ = _buffer(rng, sizes, dim, "float32")
+    probes = rng.integers(0, 4, len(sizes))
+    bounds = np.concatenate([[0], np.cumsum(probes)]).astype(np.int64)
+    queries = rng.normal(size=(3, dim)).astype(np.float32)
+    rows = rng.integers(0, 3, int(bounds[-1])).astype(np.int64)  # probes of the same query
+    by_row = np.full((len(rows), max(sizes)), np.nan, np.float32)
+    copied = by_row.copy()
+    read = _read_of(buffer, offsets, sizes, pids, dim, "float32")
+    for offset, span in read.spans(0, len(sizes)):
+        score_lists(span, bounds, offset, queries, by_row, None, rows)
+        score_lists(span, bounds, offset, queries[rows], copied, None)
+    np.testing.assert_array_equal(by_row, copied)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),

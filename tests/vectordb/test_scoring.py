@@ -87,7 +87,7 @@ def test_top_k_matches_the_model(
     probe_slot = np.array([j for _, _, j in pairs], np.int64)
     bounds = np.searchsorted(list_of, np.arange(n_lists + 1))
     longest = max(len(r) for r in lists)
-    scores = ProbeScores(metric, queries[probe_query], list_of, bounds, longest)
+    scores = ProbeScores(metric, queries, probe_query, list_of, bounds, longest)
     versions = VersionMap(np.arange(20), np.full(20, 2, np.uint32))
     edges = np.linspace(0, n_lists, groups + 1).astype(int)
     for first, stop in reversed(list(itertools.pairwise(edges))):  # any order
