@@ -1,4 +1,5 @@
-"""numpy's BLAS held to one thread while any search runs (process-wide, counted).
+"""numpy's BLAS held to one thread while any search runs (process-wide, counted); torch's
+OpenMP held to the calling thread for a block (per thread: ``this_thread_openmp_alone``).
 
 Why: a search does many small matrix products on two threads of its own (the loop thread and
 the scoring thread, search.py). OpenBLAS, given more threads, wakes its workers for the larger
@@ -27,29 +28,64 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["single_threaded_blas"]
+__all__ = ["single_threaded_blas", "this_thread_openmp_alone", "torch_openmp"]
 
 _lock = threading.Lock()
 _active = 0
 _saved: list[tuple[Any, int]] = []
 
 
-@functools.cache
-def _numpy_blas() -> tuple[Any, ...]:
-    """threadpoolctl controllers of the BLAS libraries under numpy's own directory."""
+def _controllers(user_api: str, directories: tuple[str, ...]) -> tuple[Any, ...]:
+    """threadpoolctl controllers of the ``user_api`` libraries loaded from ``directories``."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return ()
-    numpy_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages
-    mine = (os.path.join(numpy_dir, "numpy"), os.path.join(numpy_dir, "numpy.libs"))
     try:
         controllers = ThreadpoolController().lib_controllers
-    except Exception:  # an odd BLAS build: do without
+    except Exception:  # an odd build: do without
         return ()
     return tuple(
-        c for c in controllers if c.user_api == "blas" and str(c.filepath).startswith(mine)
+        c for c in controllers if c.user_api == user_api and str(c.filepath).startswith(directories)
     )
+
+
+@functools.cache
+def _numpy_blas() -> tuple[Any, ...]:
+    """The BLAS libraries under numpy's own directory."""
+    numpy_dir = os.path.dirname(os.path.dirname(np.__file__))  # site-packages
+    return _controllers(
+        "blas", (os.path.join(numpy_dir, "numpy"), os.path.join(numpy_dir, "numpy.libs"))
+    )
+
+
+@functools.cache
+def torch_openmp() -> tuple[Any, ...]:
+    """The OpenMP runtime torch loaded from its own directory (empty without torch)."""
+    import torch
+
+    return _controllers("openmp", (os.path.dirname(torch.__file__),))
+
+
+@contextmanager
+def this_thread_openmp_alone() -> Iterator[None]:
+    """The calling thread's torch OpenMP regions run on one thread for the block. OpenMP's
+    thread count is a per-thread setting: other threads, and torch's default for threads yet
+    to start, are untouched (unlike ``torch.set_num_threads``). Used by head_scan: a search
+    runs products on two threads of its own, and a second OpenMP worker would wait for the
+    core the other one holds."""
+    import torch
+
+    controllers = torch_openmp()
+    torch.get_num_threads()  # torch sets a thread's OpenMP threads on first use: do it first
+    saved = [c.num_threads for c in controllers]
+    for c in controllers:
+        c.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for c, threads in zip(controllers, saved, strict=True):
+            c.set_num_threads(threads)
 
 
 @contextmanager

@@ -31,25 +31,23 @@ elsewhere the navigator keeps its float32 product. The product runs on the calli
 alone: a search scans heads on two threads of its own (search.py), and torch's OpenMP team,
 given a second thread, waits for a core the other search thread holds (measured: 22 ms
 instead of ~7 ms per 500 queries in 32-query pieces). Only the calling thread's OpenMP
-setting is changed, for the call (``_one_omp_thread``), never torch's process-wide one.
+setting is changed, for the call (``blas_threads.this_thread_openmp_alone``), never torch's
+process-wide one.
 Thread-safety: ``nearest`` may run on several threads at once; ``BfloatHeads.put``/``move``
 only while no search runs (the navigator's heads change under the same rule).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import glob
 import importlib.util
-import os
 import platform
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from numba import njit
+
+from vectordb.blas_threads import this_thread_openmp_alone
 
 __all__ = ["BfloatHeads", "bfloat16_is_native", "nearest", "warm_up"]
 
@@ -70,38 +68,6 @@ def bfloat16_is_native() -> bool:
     if platform.machine() in ("aarch64", "arm64"):
         return "bf16" in words
     return bool(words & {"avx512_bf16", "amx_bf16"})
-
-
-@functools.cache
-def _torch_openmp() -> Any:
-    """The OpenMP runtime torch ships (libgomp), or None."""
-    import torch
-
-    for path in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*")):
-        try:
-            return ctypes.CDLL(path)
-        except OSError:
-            continue
-    return None
-
-
-@contextmanager
-def _one_omp_thread() -> Iterator[None]:
-    """This thread's OpenMP parallel regions on one thread, for the block (a per-thread
-    setting: other threads and torch's default are untouched)."""
-    import torch
-
-    openmp = _torch_openmp()
-    if openmp is None:
-        yield
-        return
-    torch.get_num_threads()  # torch sets a thread's OpenMP threads on first use: do it first
-    saved = openmp.omp_get_max_threads()
-    openmp.omp_set_num_threads(1)
-    try:
-        yield
-    finally:
-        openmp.omp_set_num_threads(saved)
 
 
 class BfloatHeads:
@@ -168,7 +134,7 @@ class BfloatHeads:
         x_norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
         rounded_x = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
         heads = torch.from_numpy(self.bits[: self.count].view(np.int16)).view(torch.bfloat16)
-        with _one_omp_thread():
+        with this_thread_openmp_alone():
             return (rounded_x @ heads.T).float().numpy(), x_norms
 
 
