@@ -123,6 +123,8 @@ async def _search(
     n_queries = len(queries)
     want = params.max_postings or default_postings(index.navigator.n_heads)
     extra = want if params.shared_postings is None else params.shared_postings
+    if n_queries == 1:
+        extra = 0  # a lone query's own lists are all the batch reads: nothing to share
     early: BatchReads | None = None
     if n_queries >= _READ_WHILE_NAVIGATING_AT:
         navigated = await _navigate_reading(index, queries, want, extra, params.prune_ratio)
