@@ -46,6 +46,19 @@ _RETRY = {errno.EAGAIN, errno.EINTR}
 _WATCHDOG_S = 0.25
 
 
+_PROBED: list[str | None] = []  # the default Env's probe answer, once known
+
+
+def _probe(env: Env) -> str | None:
+    try:
+        Ring(4, env).close()
+    except EngineUnavailableError as exc:
+        return exc.reason
+    except OSError as exc:
+        return f"io_uring set-up failed: {exc}"
+    return None
+
+
 class UringEngine(IOEngine):
     """io_uring engine. Raises EngineUnavailableError where the kernel refuses io_uring."""
 
@@ -83,14 +96,16 @@ class UringEngine(IOEngine):
     # ------------------------------------------------------------------ set-up
     @classmethod
     def probe(cls, env: Env | None = None) -> str | None:
-        """None when io_uring works here, else the reason it does not."""
-        try:
-            Ring(4, env or default_env).close()
-        except EngineUnavailableError as exc:
-            return exc.reason
-        except OSError as exc:
-            return f"io_uring set-up failed: {exc}"
-        return None
+        """None when io_uring works here, else the reason it does not.
+
+        With the default Env the answer is kept for the process: a probe makes and closes a
+        ring, and each close waits ~15 ms for the kernel's teardown (``ring_exit``).
+        """
+        if env is not None and env is not default_env:
+            return _probe(env)
+        if not _PROBED:
+            _PROBED.append(_probe(default_env))
+        return _PROBED[0]
 
     def _ensure_ring(self) -> Ring:
         if self._ring is not None:

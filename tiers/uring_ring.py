@@ -11,7 +11,9 @@ that flag CQEs may be posted from another CPU at any time; x86-64's total store 
 tail-then-entries reads correct, but a weakly ordered CPU (arm64) would need an acquire barrier
 that Python cannot issue, so there the ring refuses to start (the engine then falls back).
 
-Concurrency: single-threaded; created, used and closed by one thread (SINGLE_ISSUER).
+Concurrency: single-threaded; created, used and closed by one thread (SINGLE_ISSUER). Closing
+waits for the kernel's teardown notification to reach that thread (see ``ring_exit``), so it does
+not cut short the thread's next blocking write.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import errno
 import mmap
 import os
 import platform
+import threading
 
 import numpy as np
 
 from tiers import _uring_abi as abi
 from tiers.env import Env
 from tiers.errors import EngineUnavailableError
+from tiers.ring_exit import wait_for_ring_exit
 
 __all__ = ["Ring"]
 
@@ -44,11 +48,13 @@ class Ring:
     """An io_uring with at least ``entries`` SQ slots and a CQ twice that size."""
 
     def __init__(self, entries: int, env: Env) -> None:
+        self._creator_thread_id = threading.get_native_id()
         self.fd, params = self._setup(entries, env)
         try:
             self._map(params)
         except BaseException:
             os.close(self.fd)
+            wait_for_ring_exit()
             raise
 
     def _setup(self, entries: int, env: Env) -> tuple[int, abi.Params]:
@@ -194,3 +200,5 @@ class Ring:
         for buf in {id(m): m for m in (self._sq_map, self._cq_map, self._sqe_map)}.values():
             buf.close()
         os.close(self.fd)
+        if threading.get_native_id() == self._creator_thread_id:
+            wait_for_ring_exit()
