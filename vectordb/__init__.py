@@ -7,7 +7,7 @@ long; deletes are tombstones; every acknowledged update is in a write-ahead log 
 
     index = await SpannIndex.create(directory, IndexConfig(dim=384, metric="cosine"))
     await index.build(ids, vectors)
-    ids, scores = await index.search(queries, k=10)
+    ids, scores = await index.search(queries, k=10)  # a SearchResult: .degraded, .skipped_lists
     await index.insert(new_ids, new_vectors); await index.delete(old_ids)
     await index.aclose()
 """
@@ -21,6 +21,8 @@ from vectordb.errors import (
 )
 from vectordb.index import SpannIndex
 from vectordb.metric import Metric
+from vectordb.scrub_report import RepairReport, ScrubReport
+from vectordb.search_result import SearchResult
 
 __all__ = [
     "DuplicateIdError",
@@ -29,7 +31,10 @@ __all__ = [
     "IndexConfigError",
     "InvalidVectorsError",
     "Metric",
+    "RepairReport",
+    "ScrubReport",
     "SearchParams",
+    "SearchResult",
     "SpannIndex",
     "default_postings",
 ]

@@ -119,8 +119,13 @@ class SearchParams:
     # lists after the first max_postings a query also scores when its batch reads them anyway
     # (for other queries: no extra I/O); None: as many as max_postings
     shared_postings: int | None = None
+    # a posting list that fails its check: False answers from the lists that verify (the
+    # result says which were skipped: SearchResult); True raises CorruptionError
+    strict: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.strict, bool):
+            raise IndexConfigError(f"strict must be a boolean, got {self.strict!r}")
         if self.max_postings is not None:
             _positive(self, "max_postings")
         if self.prune_ratio < 1.0:

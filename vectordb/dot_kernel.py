@@ -79,43 +79,60 @@ def score_lists(
     dist: np.ndarray,
     norms: np.ndarray | None,
     rows: np.ndarray | None = None,
-) -> None:
+    skip_corrupt: bool = False,
+) -> np.ndarray:
     """For list ``i`` of ``span`` (the batch's list ``list_base + i``), its probes
     ``bounds[u]:bounds[u + 1]`` and record ``r``: ``dist[p, r] = queries[rows[p]] . vector``,
     and ``norms[u, r] = |vector|^2`` when ``norms`` is given. ``queries`` [n, dim] float32;
     ``rows`` int64 [probes] (None: probe ``p`` is query ``p``): a batch's probes share its
-    queries without a per-probe copy. Raises CorruptionError naming the first record that
-    fails its check (when checked)."""
+    queries without a per-probe copy. A record that fails its check (when checked) raises
+    CorruptionError naming it; with ``skip_corrupt`` its list is left where the check stopped
+    (records after it unscored) and scoring goes on with the next list. Returns the span's
+    list numbers (``i``) found corrupt, in order."""
+    corrupt: list[int] = []
     if len(span.counts) == 0 or span.dim == 0:
-        return
+        return np.asarray(corrupt, np.int64)
     if rows is None:
         rows = np.arange(len(dist), dtype=np.int64)
     checked = span.words is not None
-    bad_list, bad_record = _score(
-        span.values,
-        np.ascontiguousarray(span.first, np.int64),
-        np.ascontiguousarray(span.counts, np.int64),
-        span.stride,
-        span.dim,
-        span.words if checked else _NO_WORDS,
-        np.ascontiguousarray(span.first_word if checked else span.first, np.int64),
-        span.record_words,
-        check_salts(span.posting_ids) if checked else _NO_WORDS,
-        checked,
-        np.ascontiguousarray(bounds, np.int64),
-        list_base,
-        queries,
-        np.ascontiguousarray(rows, np.int64),
-        dist,
-        norms if norms is not None else np.zeros((1, 1), np.float32),
-        norms is not None,
-    )
-    if bad_list >= 0:
-        assert span.posting_ids is not None
-        raise CorruptionError(
-            f"posting list {int(span.posting_ids[bad_list])}: record {bad_record} fails its "
-            "check; the page is corrupt or was never written"
+    first = np.ascontiguousarray(span.first, np.int64)
+    counts = np.ascontiguousarray(span.counts, np.int64)
+    first_word = np.ascontiguousarray(span.first_word if checked else span.first, np.int64)
+    salts = check_salts(span.posting_ids) if checked else _NO_WORDS
+    at = 0  # the span's first list not yet scored
+    while at < len(counts):
+        bad_list, bad_record = _score(
+            span.values,
+            first[at:],
+            counts[at:],
+            span.stride,
+            span.dim,
+            span.words if checked else _NO_WORDS,
+            first_word[at:],
+            span.record_words,
+            salts[at:] if checked else _NO_WORDS,
+            checked,
+            np.ascontiguousarray(bounds, np.int64),
+            list_base + at,
+            queries,
+            np.ascontiguousarray(rows, np.int64),
+            dist,
+            norms if norms is not None else np.zeros((1, 1), np.float32),
+            norms is not None,
         )
+        if bad_list < 0:
+            break
+        bad_list += at
+        if not skip_corrupt:
+            assert span.posting_ids is not None
+            raise CorruptionError(
+                f"posting list {int(span.posting_ids[bad_list])}: record {bad_record} fails "
+                "its check; the page is corrupt or was never written (SpannIndex.verify() "
+                "finds every such list, repair() rebuilds them)"
+            )
+        corrupt.append(bad_list)
+        at = bad_list + 1
+    return np.asarray(corrupt, np.int64)
 
 
 def warm_up(record_element: np.dtype[Any]) -> None:

@@ -32,6 +32,8 @@ from vectordb.meta import MetaStore
 from vectordb.metric import Metric
 from vectordb.navigator import Navigator
 from vectordb.posting_store import PostingStore
+from vectordb.scrub_report import RepairReport, ScrubReport
+from vectordb.search_result import SearchResult
 from vectordb.version_map import VersionMap
 from vectordb.wal import WriteAheadLog
 
@@ -63,6 +65,8 @@ class SpannIndex:
         self.head_scans: set[asyncio.Future[Any]] = set()
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
+        self.counters["corrupt_lists_skipped"] = 0  # list reads a search answered without
+        self.corrupt_lists: set[int] = set()  # lists seen failing their check, until repaired
         self._lock_fd = -1
         self._file: FileHandle | None = None
         self._closed = False
@@ -233,9 +237,11 @@ class SpannIndex:
 
     async def search(
         self, queries: Any, k: int = 10, params: SearchParams | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> SearchResult:
         """(ids int64 [Q, k], scores float32 [Q, k]) of each query's k nearest live vectors;
-        missing results are id -1. Scores: squared L2 ascending, or similarity descending."""
+        missing results are id -1. Scores: squared L2 ascending, or similarity descending.
+        ``k`` above the live vectors is cut to them. A list that fails its check is left out
+        and named in the result's ``skipped_lists`` (``params.strict``: CorruptionError)."""
         from vectordb.search import search
 
         self.check_open()
@@ -262,6 +268,21 @@ class SpannIndex:
 
         self.check_open()
         await checkpoint(self)
+
+    async def verify(self) -> ScrubReport:
+        """Read and check every posting list (updates wait meanwhile); see vectordb.scrub."""
+        from vectordb.scrub import verify
+
+        self.check_open()
+        return await verify(self)
+
+    async def repair(self) -> RepairReport:
+        """Rebuild every corrupt list from its members' replicas in other lists, checkpoint,
+        and report what could not be recovered; see vectordb.scrub."""
+        from vectordb.scrub import repair
+
+        self.check_open()
+        return await repair(self)
 
     def data_files(self) -> list[str]:
         """Files whose pages a search reads (for cold-cache benchmarks)."""

@@ -36,9 +36,11 @@ __all__ = [
     "CHECK_WORD",
     "FORMAT_VERSION",
     "PAGE_BYTES",
+    "bad_records",
     "check_salts",
     "decode",
     "encode",
+    "lists_with_bad",
     "pages_for",
     "record_bytes",
     "record_dtype",
@@ -141,14 +143,34 @@ def verify_many(
     List i has ``counts[i]`` records from ``byte_offsets[i]`` (8-byte aligned).
     Raises CorruptionError naming the first bad list and record.
     """
+    bad = bad_records(buffer, byte_offsets, counts, dtype, posting_ids)
+    if bad.any():
+        counts = np.asarray(counts, np.int64)
+        first_list = int(lists_with_bad(bad, counts)[0])
+        first = int(counts[:first_list].sum())
+        record = int(np.flatnonzero(bad[first : first + int(counts[first_list])])[0])
+        raise CorruptionError(
+            f"posting list {int(np.asarray(posting_ids)[first_list])}: record {record} fails "
+            f"its check ({int(bad.sum())} bad in this read); the page is corrupt or was never "
+            "written (SpannIndex.verify() finds every such list, repair() rebuilds them)"
+        )
+
+
+def bad_records(
+    buffer: np.ndarray, byte_offsets: np.ndarray, counts: np.ndarray, dtype: np.dtype[Any],
+    posting_ids: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Which records (the lists' records back to back, bool [counts.sum()]) fail their check;
+    the same layout and precondition as :func:`verify_many`."""
+    counts = np.asarray(counts, np.int64)
     total = int(counts.sum())
     if total == 0:
-        return
+        return np.zeros(0, bool)
     width = dtype.itemsize // 8
     words = buffer.view(np.uint64)
     first_record = np.repeat(np.cumsum(counts) - counts, counts)
     in_list = np.arange(total) - first_record  # record number inside its list
-    starts = np.repeat(byte_offsets // 8, counts) + in_list * width
+    starts = np.repeat(np.asarray(byte_offsets, np.int64) // 8, counts) + in_list * width
     # one reduceat over [start, end) pairs; the (end, next start) gaps are dropped. Precondition:
     # the buffer extends at least one word past the last record (the reader allocates a spare
     # page), so every index is in range.
@@ -158,13 +180,18 @@ def verify_many(
     sums = np.add.reduceat(words, bounds)[0::2]
     check = words[starts + CHECK_WORD]
     pids = np.repeat(np.asarray(posting_ids, np.int64), counts)
-    bad = np.flatnonzero(_checks_from_sums(sums, check, pids) != check)
-    if bad.size:
-        first = int(bad[0])
-        raise CorruptionError(
-            f"posting list {int(pids[first])}: record {int(in_list[first])} fails its check "
-            f"({bad.size} bad in this read); the page is corrupt or was never written"
-        )
+    return _checks_from_sums(sums, check, pids) != check
+
+
+def lists_with_bad(bad: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Indexes of the lists (``counts`` records each, back to back in ``bad``) holding at
+    least one bad record."""
+    counts = np.asarray(counts, np.int64)
+    nonempty = np.flatnonzero(counts > 0)
+    if len(nonempty) == 0:
+        return nonempty
+    per_list = np.add.reduceat(bad.astype(np.int64), (np.cumsum(counts) - counts)[nonempty])
+    return nonempty[per_list > 0]
 
 
 def check_salts(posting_ids: np.ndarray) -> np.ndarray:

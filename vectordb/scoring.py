@@ -55,6 +55,7 @@ class ProbeScores:
         self.ids = np.full((n_lists, longest), -1, np.int64)
         self.valid = np.zeros((n_lists, longest), bool)
         self._norms = np.zeros((n_lists, longest), np.float32) if metric is Metric.L2 else None
+        self.corrupt: list[int] = []  # batch lists that failed their check (skip_corrupt)
 
     @property
     def live_counts(self) -> np.ndarray:
@@ -76,12 +77,14 @@ class ProbeScores:
         counts: np.ndarray,
         ids_live: tuple[np.ndarray, np.ndarray],
         spans: Iterable[tuple[int, VectorSpan]],
+        skip_corrupt: bool = False,
     ) -> None:
         """Score lists ``first``, ``first + 1``, ... (``counts`` records each; ``ids_live``
         from :meth:`live_mask` over them; ``spans``: their vectors, ``(offset, span)`` for
         lists ``first + offset`` ..., as PostingRead.spans gives them). The products run in
         dot_kernel without the GIL: may run on a worker thread, one ``add`` at a time.
-        Raises CorruptionError for a record that fails its check."""
+        Raises CorruptionError for a record that fails its check; with ``skip_corrupt`` its
+        list is noted in :attr:`corrupt` instead and none of its records is an answer."""
         sizes = np.asarray(counts, np.int64)
         total = int(sizes.sum())
         if total == 0:
@@ -90,9 +93,13 @@ class ProbeScores:
         col = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         self.ids[row, col], self.valid[row, col] = ids_live
         for offset, span in spans:
-            score_lists(
-                span, self._bounds, first + offset, self._q, self.dist, self._norms, self._rows
+            base = first + offset
+            bad = score_lists(
+                span, self._bounds, base, self._q, self.dist, self._norms, self._rows, skip_corrupt
             )
+            for u in (bad + base).tolist():
+                self.valid[u] = False  # records before the bad one verified; still, not one
+                self.corrupt.append(u)
 
     def best(
         self,

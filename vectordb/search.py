@@ -40,6 +40,7 @@ stay consistent); registers itself in ``index.searches`` so a checkpoint can wai
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -55,12 +56,15 @@ from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import PostingRead
 from vectordb.posting_store import SPARE_LIMIT_BYTES
 from vectordb.scoring import ProbeScores
+from vectordb.search_result import SearchResult
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
 
 __all__ = ["search"]
 
+log = logging.getLogger("tierkit.vectordb")
+_ChunkAnswer = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, distances, corrupt lists
 _READ_GROUPS = 4  # lists are scored a group at a time while the other groups are read
 _SPLIT_NAVIGATION_AT = 64  # queries: below this the head scan runs on the loop thread alone
 _READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the head scan
@@ -74,12 +78,9 @@ READ_BUFFER_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # one reusable buffer for a 
 READ_BUDGET_BYTES = READ_BUFFER_BYTES * 3 // 4
 
 
-async def search(
-    index: SpannIndex, queries: Any, k: int, params: SearchParams
-) -> tuple[np.ndarray, np.ndarray]:
+async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) -> SearchResult:
     queries = _check_queries(queries, index.config.dim)
-    if not isinstance(k, (int, np.integer)) or k <= 0:
-        raise InvalidVectorsError(f"k must be a positive integer, got {k!r}")
+    k = _check_k(k, index.versions.live_count)
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
@@ -88,6 +89,14 @@ async def search(
     finally:
         index.searches.discard(done)
         done.set_result(None)
+
+
+def _check_k(k: Any, live_vectors: int) -> int:
+    """``k`` as an int; above the index's live vectors it is cut to them (at least 1), so a
+    huge ``k`` costs no more than the index holds (``k=10**9`` tried to allocate 14.9 GiB)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+        raise InvalidVectorsError(f"k must be a positive integer, got {k!r}")
+    return int(min(int(k), max(live_vectors, 1)))
 
 
 def _check_queries(queries: Any, dim: int) -> np.ndarray:
@@ -142,14 +151,16 @@ async def _search(
     out_dist = np.full((n_queries, k), np.inf, np.float32)
     budgets = (READ_BUDGET_BYTES // PAGE_BYTES, _CELL_BUDGET)
     chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
-    running: list[tuple[slice, asyncio.Future[tuple[np.ndarray, np.ndarray]]]] = []
+    running: list[tuple[slice, asyncio.Future[_ChunkAnswer]]] = []
+    skipped: list[np.ndarray] = []
     try:
         for rows in chunks:
             reads, early = early, None  # the early reads belong to the first chunk
             landed = asyncio.Event()
             chunk = _search_chunk(
-                index, queries[order[rows]], pids[rows], keep[rows], shared[rows], k, reads, landed
-            )
+                index, queries[order[rows]], pids[rows], keep[rows], shared[rows], k, params,
+                reads, landed,
+            )  # fmt: skip
             running.append((rows, asyncio.ensure_future(chunk)))
             # the next chunk's reads start once this one's have landed (the device would idle
             # through its last scoring and top-k); at most two chunks hold read buffers
@@ -159,9 +170,13 @@ async def _search(
             )
             if len(running) == _CHUNKS_IN_FLIGHT:
                 done_rows, task = running.pop(0)
-                out_ids[order[done_rows]], out_dist[order[done_rows]] = await task
+                ids, dist, bad = await task
+                out_ids[order[done_rows]], out_dist[order[done_rows]] = ids, dist
+                skipped.append(bad)
         for done_rows, task in running:
-            out_ids[order[done_rows]], out_dist[order[done_rows]] = await task
+            ids, dist, bad = await task
+            out_ids[order[done_rows]], out_dist[order[done_rows]] = ids, dist
+            skipped.append(bad)
         running = []
     finally:
         if early is not None:  # never handed to a chunk: nothing was kept
@@ -169,7 +184,10 @@ async def _search(
         if running:  # a chunk failed: the others still own buffers the device writes into
             await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     index.counters["queries"] += n_queries
-    return out_ids, to_scores(index.metric, out_dist)
+    bad = np.unique(np.concatenate(skipped)) if skipped else np.zeros(0, np.int64)
+    if len(bad):
+        _note_corrupt_lists(index, bad)
+    return SearchResult(out_ids, to_scores(index.metric, out_dist), bad)
 
 
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
@@ -236,13 +254,15 @@ async def _search_chunk(
     keep: np.ndarray,
     shared: np.ndarray,
     k: int,
+    params: SearchParams,
     reads: BatchReads | None = None,
     landed: asyncio.Event | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> _ChunkAnswer:
     """Score one chunk of queries: each its ``keep`` lists, and its ``shared`` ones that the
     chunk reads for other queries. ``reads``: reads already started for some of its lists
     (taken over: the rest of the lists are added to them), else a new set. ``landed`` is set
-    once every read of the chunk has landed (or the chunk failed)."""
+    once every read of the chunk has landed (or the chunk failed). Returns (ids, internal
+    distances, the lists skipped as corrupt)."""
     unique = np.unique(pids[keep])
     keep = keep | (shared & np.isin(pids, unique))
     probe_query, probe_slot = np.nonzero(keep)
@@ -265,7 +285,7 @@ async def _search_chunk(
             async for read, batch_first, first, stop in groups:
                 lists = read.views(first, stop)
                 ids_live = ProbeScores.live_mask(lists, index.versions)
-                job = (_score_group, read, scores, batch_first, first, lists, ids_live)
+                job = (_score_group, read, scores, batch_first, first, lists, ids_live, params)
                 scoring.append(loop.run_in_executor(index.scorer, *job))
         if landed is not None:
             landed.set()
@@ -281,8 +301,12 @@ async def _search_chunk(
         if isinstance(outcome, BaseException):
             raise outcome
     reads.release()  # every read and every view of it is done with
-    _note_small_lists(index, order, scores.live_counts)
-    return scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
+    corrupt = order[np.asarray(scores.corrupt, np.int64)]
+    live = scores.live_counts
+    live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
+    _note_small_lists(index, order, live)
+    ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
+    return ids, dist, corrupt
 
 
 def _score_group(
@@ -292,11 +316,28 @@ def _score_group(
     first: int,
     lists: list[np.ndarray],
     ids_live: tuple[np.ndarray, np.ndarray],
+    params: SearchParams,
 ) -> None:
     """On the scoring thread: check and score the group's records (lists ``first``... of
     ``read``, lists ``batch_first``... of the batch) in one pass (dot_kernel)."""
     stop = first + len(lists)
-    scores.add(batch_first, read.counts[first:stop], ids_live, read.spans(first, stop))
+    spans = read.spans(first, stop)
+    counts = read.counts[first:stop]
+    scores.add(batch_first, counts, ids_live, spans, skip_corrupt=not params.strict)
+
+
+def _note_corrupt_lists(index: SpannIndex, pids: np.ndarray) -> None:
+    """Count the skipped lists; log each the first time it is met."""
+    index.counters["corrupt_lists_skipped"] += len(pids)
+    new = sorted(set(pids.tolist()) - index.corrupt_lists)
+    if new:
+        index.corrupt_lists.update(new)
+        log.warning(
+            "vectordb %s: posting lists %s fail their check; searches answer without them "
+            "(SpannIndex.repair() rebuilds them from replicas)",
+            index.directory,
+            new[:20],
+        )
 
 
 def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:

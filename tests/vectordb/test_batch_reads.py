@@ -117,7 +117,7 @@ def test_reading_while_navigating_answers_as_single_queries(
         assert early == n // 2
 
 
-def test_a_corrupt_page_in_an_early_read_is_an_error_and_nothing_stays_in_flight(
+def test_a_corrupt_page_in_an_early_read_leaves_nothing_in_flight(
     tmp_path: Path,
 ) -> None:
     vectors = clustered(2000, 16, seed=23)
@@ -131,8 +131,15 @@ def test_a_corrupt_page_in_an_early_read_is_an_error_and_nothing_stays_in_flight
             pids, _ = index.navigator.search(queries[:1], 1)
             start = int(index.store.start[int(pids[0, 0])]) * PAGE_BYTES
             _flip_byte(index.data_files()[0], start + 100)  # the first query's nearest list
+            strict = SearchParams(max_postings=4, strict=True)
             with pytest.raises(CorruptionError, match="posting list"):
-                await index.search(queries, k=5, params=SearchParams(max_postings=4))
+                await index.search(queries, k=5, params=strict)
+            assert not index.head_scans
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert not pending
+            # by default the batch is answered without that list, and says so
+            result = await index.search(queries, k=5, params=SearchParams(max_postings=4))
+            assert result.skipped_lists.tolist() == [int(pids[0, 0])]
             assert not index.head_scans
             pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             assert not pending
@@ -228,6 +235,7 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
     async def main() -> None:
         config = IndexConfig(dim=16, posting_limit=48)
         params = SearchParams(max_postings=5, shared_postings=0)  # answers as single queries
+        strict = SearchParams(max_postings=5, shared_postings=0, strict=True)
         async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(None, vectors)
             await index.store.sync()
@@ -236,7 +244,7 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
                 start = int(index.store.start[int(pids[0, 0])]) * PAGE_BYTES
                 _flip_byte(index.data_files()[0], start + 100)
                 with pytest.raises(CorruptionError, match="posting list"):
-                    await index.search(queries, k=5, params=params)
+                    await index.search(queries, k=5, params=strict)
                 pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 assert not pending
                 return

@@ -142,13 +142,16 @@ def _flip_byte(path: Path, offset: int) -> None:
         f.write(bytes([byte[0] ^ 0x10]))
 
 
-def test_a_flipped_byte_in_a_posting_page_is_a_corruption_error(tmp_path: Path) -> None:
+def test_a_flipped_byte_in_a_posting_page_is_skipped_or_raised(tmp_path: Path) -> None:
     async def main() -> None:
         await _create(tmp_path / "i")
         path = tmp_path / "i" / POSTINGS_FILE
         _flip_byte(path, 100)  # the first list starts at page 0
         async with await SpannIndex.open(tmp_path / "i") as index:
-            with pytest.raises(CorruptionError, match="posting list"):
-                await index.search(clustered(20, writer.DIM, seed=0), 5, EVERYTHING)
+            strict = SearchParams(max_postings=100_000, prune_ratio=1e9, strict=True)
+            with pytest.raises(CorruptionError, match="posting list 0"):
+                await index.search(clustered(20, writer.DIM, seed=0), 5, strict)
+            result = await index.search(clustered(20, writer.DIM, seed=0), 5, EVERYTHING)
+            assert result.skipped_lists.tolist() == [0]
 
     asyncio.run(main())

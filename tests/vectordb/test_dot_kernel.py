@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from tiers.errors import CorruptionError
 from vectordb.dot_kernel import VectorSpan, score_lists
-from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype, verify_many
+from vectordb.posting_format import (
+    PAGE_BYTES,
+    bad_records,
+    encode,
+    lists_with_bad,
+    pages_for,
+    record_dtype,
+    verify_many,
+)
 from vectordb.posting_reads import PostingRead
 
 
@@ -138,6 +146,17 @@ def test_a_flipped_byte_is_caught_as_verify_many_catches_it(
     def reference() -> None:
         verify_many(buffer, offsets, np.array(sizes, np.int64), read.dtype, pids)
 
+    def skipped_by_kernel() -> list[int]:
+        return [
+            offset + int(i)
+            for offset, span in read.spans(0, len(sizes))
+            for i in score_lists(span, bounds, offset, queries, dist, None, skip_corrupt=True)
+        ]
+
+    # skipping (a search's default): the same lists, by the kernel and by the vectorised scrub
+    counts = np.array(sizes, np.int64)
+    by_scrub = lists_with_bad(bad_records(buffer, offsets, counts, read.dtype, pids), counts)
+    assert skipped_by_kernel() == by_scrub.tolist() == ([u] if inside else [])
     if not inside:
         kernel()
         reference()
