@@ -92,8 +92,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None
                 await index.insert(np.array([5]), np.ones((1, 8), np.float32))
             with pytest.raises(InvalidVectorsError):
                 await index.search(np.ones((2, 7), np.float32), 3)
-            with pytest.raises(InvalidVectorsError):
-                await index.search(np.ones((2, 8), np.float32), 0)
+            for bad_k in (0, -1, 2.5, True, "10"):
+                with pytest.raises(InvalidVectorsError, match="k must be"):
+                    await index.search(np.ones((2, 8), np.float32), bad_k)
+            # a k far above the index is cut to what it holds (10**9 tried to take 14.9 GiB)
+            ids, scores = await index.search(np.ones((2, 8), np.float32), 10**9, EVERYTHING)
+            assert ids.shape == scores.shape == (2, 300)
+            assert sorted(ids[0].tolist()) == list(range(300))
             assert index.stats()["n_vectors"] == 300
         with pytest.raises(IndexConfigError, match="already holds"):
             await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8))
