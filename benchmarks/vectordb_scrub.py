@@ -1,0 +1,189 @@
+"""Benchmark what corruption costs the vector index: scrub speed against fio, degraded searches
+against clean ones, and a repair.
+
+On debian-minilm (../shared; a generated 384-d Gaussian mixture of the same size where it is
+missing) an index is built once under benchmarks/out/scrub/ (removed at the end), then, in
+alternating rounds:
+
+* ``verify``: ``SpannIndex.verify()`` reads and checks every posting list (O_DIRECT, file
+  order); peer: fio reading the same ``postings.dat`` sequentially in its own process (io_uring,
+  O_DIRECT, 4 MiB blocks at queue depth 8: the 32 MiB a scrub has in flight, in requests of at
+  most 4 MiB as posting_reads merges them). Ratio: verify MB/s over fio MB/s.
+* ``search``: QPS of the 500 queries as one batch, and of 100 of them one call each, on the clean
+  index and on the same index with one byte flipped in the list the queries probe most (the
+  search then answers without it: ``SearchResult.skipped_lists``). Ratio: degraded over clean.
+* ``repair``: seconds for ``SpannIndex.repair()`` to rebuild that list and checkpoint (once).
+
+Medians over rounds, min-max shown. Tables to stdout, the last line one JSON object; progress
+to stderr. ``--quick`` runs 3 rounds (about a minute with the build); the full mode 7::
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_scrub.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+# benchmarks/tiers.py is named like the tiers package: the repository root goes first
+sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _ROOT)]
+sys.path.append(str(_HERE))
+
+from _fio import ensure_fio  # noqa: E402
+
+from vectordb import IndexConfig, SearchParams, SpannIndex  # noqa: E402
+
+DATA = _ROOT.parent / "shared" / "data" / "debian-minilm"
+SCRATCH = _HERE / "out" / "scrub"
+PARAMS = SearchParams(max_postings=8)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray, str]:
+    if (DATA / "embeddings.npy").exists() and (DATA / "queries.npy").exists():
+        return np.load(DATA / "embeddings.npy"), np.load(DATA / "queries.npy"), "debian-minilm"
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(200, 384)).astype(np.float32)
+    rows = centres[rng.integers(200, size=62_940)] + rng.normal(size=(62_940, 384)) * 0.3
+    rows = (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    return rows[:62_440], rows[62_440:], "generated mixture (debian-minilm not found)"
+
+
+def _fio_mb_per_s(path: Path) -> float:
+    size = path.stat().st_size // (1 << 20) * (1 << 20)
+    command = [
+        ensure_fio(), "--name=scrubpeer", f"--filename={path}", f"--size={size}",
+        "--rw=read", "--bs=4M", "--iodepth=8", "--ioengine=io_uring", "--direct=1",
+        "--output-format=json",
+    ]  # fmt: skip
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{") :])["jobs"][0]["read"]
+    return job["bw_bytes"] / 1e6
+
+
+async def _qps(index: SpannIndex, queries: np.ndarray) -> tuple[float, float, bool]:
+    """(batch QPS, one-at-a-time QPS, whether any answer was degraded)."""
+    start = time.perf_counter()
+    result = await index.search(queries, 10, PARAMS)
+    batch = len(queries) / (time.perf_counter() - start)
+    degraded = result.degraded
+    start = time.perf_counter()
+    for query in queries[:100]:
+        degraded |= (await index.search(query, 10, PARAMS)).degraded
+    return batch, 100 / (time.perf_counter() - start), degraded
+
+
+def _flip_most_probed(directory: Path, index: SpannIndex, queries: np.ndarray) -> int:
+    pids, _ = index.navigator.search(queries, 8)
+    pid = int(np.bincount(pids[pids >= 0]).argmax())
+    offset = int(index.store.start[pid]) * 4096 + 100  # record 0's vector
+    with open(directory / "postings.dat", "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([byte ^ 0x40]))
+    return pid
+
+
+async def _round(directory: Path, queries: np.ndarray, samples: dict[str, list[float]]) -> None:
+    async with await SpannIndex.open(directory) as index:
+        await index.search(queries[:50], 10, PARAMS)  # kernels and caches warm
+        start = time.perf_counter()
+        scrub = await index.verify()
+        samples["verify_mb_per_s"].append(scrub.bytes_read / 1e6 / (time.perf_counter() - start))
+        batch, single, _ = await _qps(index, queries)
+        samples["clean_batch_qps"].append(batch)
+        samples["clean_single_qps"].append(single)
+    samples["fio_seq_read_mb_per_s"].append(_fio_mb_per_s(directory / "postings.dat"))
+
+
+async def _degraded(directory: Path, queries: np.ndarray, rounds: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {"degraded_batch_qps": [], "degraded_single_qps": []}
+    async with await SpannIndex.open(directory) as index:
+        pid = _flip_most_probed(directory, index, queries)
+    _log(f"flipped a byte in list {pid}")
+    async with await SpannIndex.open(directory) as index:
+        await index.search(queries[:50], 10, PARAMS)
+        for _ in range(rounds):
+            batch, single, degraded = await _qps(index, queries)
+            assert degraded, "the corrupt list was never met"
+            samples["degraded_batch_qps"].append(batch)
+            samples["degraded_single_qps"].append(single)
+        start = time.perf_counter()
+        report = await index.repair()
+        samples["repair_s"] = [time.perf_counter() - start]
+        assert report.repaired_lists == [pid], report
+    return samples
+
+
+async def _main(rounds: int) -> dict[str, float]:
+    base, queries, name = _data()
+    _log(f"data: {name}, {len(base)} x {base.shape[1]}, {len(queries)} queries")
+    directory = SCRATCH / "index"
+    async with await SpannIndex.create(directory, IndexConfig(dim=base.shape[1])) as index:
+        start = time.perf_counter()
+        await index.build(None, base)
+        _log(f"built in {time.perf_counter() - start:.1f} s")
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("verify_mb_per_s", "fio_seq_read_mb_per_s", "clean_batch_qps")
+    }
+    samples["clean_single_qps"] = []
+    for i in range(rounds):
+        _log(f"round {i + 1}/{rounds}")
+        await _round(directory, queries, samples)
+    samples.update(await _degraded(directory, queries, rounds))
+    return _report(samples, name)
+
+
+def _report(samples: dict[str, list[float]], name: str) -> dict[str, float]:
+    print(f"\nvectordb scrub and degraded search, {name}")
+    print(f"{'figure':<24}{'median':>12}{'min':>12}{'max':>12}")
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    for key, values in samples.items():
+        print(f"{key:<24}{median[key]:>12.1f}{min(values):>12.1f}{max(values):>12.1f}")
+    headline = {
+        **{key: round(value, 2) for key, value in median.items()},
+        "verify_vs_fio": round(median["verify_mb_per_s"] / median["fio_seq_read_mb_per_s"], 3),
+        "degraded_vs_clean_batch": round(
+            median["degraded_batch_qps"] / median["clean_batch_qps"], 3
+        ),
+        "degraded_vs_clean_single": round(
+            median["degraded_single_qps"] / median["clean_single_qps"], 3
+        ),
+    }
+    print(f"verify / fio sequential read: {headline['verify_vs_fio']:.2f}x")
+    print(f"degraded / clean search: batch {headline['degraded_vs_clean_batch']:.2f}x, "
+          f"single {headline['degraded_vs_clean_single']:.2f}x")  # fmt: skip
+    return headline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds instead of 7")
+    args = parser.parse_args()
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    SCRATCH.mkdir(parents=True)
+    try:
+        headline = asyncio.run(_main(3 if args.quick else 7))
+    finally:
+        shutil.rmtree(SCRATCH, ignore_errors=True)
+    print(json.dumps({"benchmark": "vectordb_scrub", "cpus": os.cpu_count(), **headline}))
+
+
+if __name__ == "__main__":
+    main()
