@@ -12,12 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from tierkit.tables import table
 from tiers.config import open_store
 
 __all__ = ["run_store_demo"]
 
 KIB = 1 << 10
 MIB = 1 << 20
+HEADERS = ("tier", "objects", "hits", "misses", "evictions", "promotions", "MiB in", "MiB out",
+           "p50 get", "p99 get")  # fmt: skip
 
 
 def _value(index: int, size: int) -> np.ndarray:
@@ -25,9 +28,15 @@ def _value(index: int, size: int) -> np.ndarray:
 
 
 async def run_store_demo(
-    directory: str, objects: int = 256, object_bytes: int = 64 * KIB, gets: int = 4000
+    directory: str, step: str, objects: int = 256, object_bytes: int = 64 * KIB, gets: int = 4000
 ) -> dict[str, Any]:
+    """Prints what it does as it starts (prefixed ``step``), then a table per tier; returns the
+    summary's figures."""
     dram_bytes = objects * object_bytes // 4
+    print(
+        f"{step} tiered store: {objects} objects of {object_bytes // KIB} KiB over DRAM "
+        f"{dram_bytes // MIB} MiB + CXL + NVMe, then {gets:,} Zipf-skewed gets..."
+    )
     config = {
         "policy": "cost",
         "tiers": [
@@ -56,20 +65,10 @@ async def run_store_demo(
         stats = store.stats()
     finally:
         await store.aclose()
-    print(
-        f"tiered store ({stats['policy']} policy): {objects} x {object_bytes // KIB} KiB "
-        f"objects over DRAM {dram_bytes // MIB} MiB + CXL + NVMe; {gets} Zipf gets at "
-        f"{gets / elapsed:,.0f} gets/s"
-    )
-    for tier in stats["tiers"]:
-        emulated = " (emulated)" if tier.get("emulated") else ""
-        print(
-            f"  {tier['name']:5s}{emulated:11s} objects={tier['objects']:4d} "
-            f"hits={tier['hits']:5d} misses={tier['misses']:5d} "
-            f"evictions={tier['evictions']:4d} promotions={tier['promotions']:4d} "
-            f"in={tier['bytes_in'] // KIB:,} KiB out={tier['bytes_out'] // KIB:,} KiB "
-            f"p50={_us(tier['p50_get_s'])} p99={_us(tier['p99_get_s'])}"
-        )
+    rate = f"{gets:,} gets at {gets / elapsed:,.0f} gets/s"
+    title = f"\ntiered store, {stats['policy']} policy: {rate}"
+    print(table(title, HEADERS, [_row(tier) for tier in stats["tiers"]]))
+    print("  hot objects move up, cold ones down; the 8 hottest checked byte for byte\n")
     hits = [t["hits"] for t in stats["tiers"]]
     return {
         "store_gets_per_s": round(gets / elapsed),
@@ -77,5 +76,12 @@ async def run_store_demo(
     }
 
 
+def _row(tier: dict[str, Any]) -> tuple[object, ...]:
+    name = tier["name"] + (" (emulated)" if tier.get("emulated") else "")
+    counts = (tier[key] for key in ("objects", "hits", "misses", "evictions", "promotions"))
+    moved = (f"{tier[key] / MIB:,.1f}" for key in ("bytes_in", "bytes_out"))
+    return (name, *counts, *moved, _us(tier["p50_get_s"]), _us(tier["p99_get_s"]))
+
+
 def _us(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e6:.0f}us"
+    return "-" if seconds is None else f"{seconds * 1e6:,.0f} us"
