@@ -87,7 +87,8 @@ def ensure_data_file(path: Path, size_bytes: int) -> bool:
     """Make ``path`` hold ``size_bytes`` of pseudo-random data written with O_DIRECT.
 
     Real writes (not fallocate): unwritten extents read as zeros without touching the device.
-    Returns False when an existing file of the right size was reused.
+    Returns False when an existing file of the right size was reused. A fill that fails leaves
+    nothing behind.
     """
     if path.exists() and path.stat().st_size == size_bytes:
         return False
@@ -104,6 +105,9 @@ def ensure_data_file(path: Path, size_bytes: int) -> bool:
             if os.pwritev(fd, [chunk[:count]], offset_bytes) != count:
                 raise RuntimeError(f"short write while filling {temp}")
         os.fsync(fd)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
     temp.rename(path)

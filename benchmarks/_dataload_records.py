@@ -47,6 +47,9 @@ def ensure_records(path: Path, count: int) -> None:
             chunk[:, :8] = np.arange(first, first + per_chunk, dtype="<i8")[:, None].view(np.uint8)
             os.pwritev(fd, [chunk[:n].reshape(-1)], first * RECORD_BYTES)
         os.fsync(fd)
+    except BaseException:  # a fill that fails leaves nothing behind
+        temp.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
     temp.rename(path)

@@ -15,6 +15,7 @@ from typing import Any
 
 from _common import MIB, code_version, ensure_data_file, machine_string, median
 from _fio import ensure_fio
+from _scratch import remove_at_exit
 from _tiers_memory import SIZES, OpSample, hit_overhead, memory_round, size_label
 from _tiers_nvme import QD, nvme_round, object_counts
 from _tiers_report import (
@@ -182,7 +183,7 @@ async def _main(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     fio = ensure_fio()
     counts = object_counts(plan is QUICK)
     fio_bytes = max(size * n for size, n in counts.items())
-    fio_path = args.dir / f"tiers_fio_{fio_bytes // MIB}m.dat"
+    fio_path = remove_at_exit(args.dir / f"tiers_fio_{fio_bytes // MIB}m.dat", args.keep_data)
     made = ensure_data_file(fio_path, fio_bytes)
     log(f"{'wrote' if made else 'reusing'} {fio_path}")
     started = time.perf_counter()
@@ -294,6 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Tier and TieredStore benchmark (issue 3)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, small sizes (~2 min)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the files live")
+    parser.add_argument(
+        "--keep-data", action="store_true", help="keep the fio data file for the next run"
+    )
     return parser.parse_args(argv)
 
 

@@ -60,7 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--parts", default="abc", help="which workloads: any of a, b, c")
     parser.add_argument("--out", type=Path, default=Path(_HERE) / "out")
-    parser.add_argument("--keep-data", action="store_true", help="keep the big records file")
+    parser.add_argument(
+        "--keep-data", action="store_true", help="keep the big records file for the next run"
+    )
     return parser.parse_args()
 
 
@@ -73,7 +75,7 @@ def main() -> None:
     started = time.time()
     print(f"dataload benchmark: {'quick' if quick else 'full'}, {rounds} rounds", flush=True)
     if "a" in args.parts:
-        runs += part_records(args.out, quick, rounds, args.keep_data or quick)
+        runs += part_records(args.out, quick, rounds, args.keep_data)
     if "b" in args.parts:
         from _dataload_fmnist import run_fmnist
 
@@ -88,9 +90,10 @@ def main() -> None:
 
 def part_records(out: Path, quick: bool, rounds: int, keep: bool) -> list[Run]:
     from _dataload_records import check_stamps, data_path, ensure_records, run_round
+    from _scratch import remove_at_exit
 
     count = 24_576 if quick else 100_000  # 768 MiB or 3.05 GiB of 32 KiB records
-    path = data_path(out, count)
+    path = remove_at_exit(data_path(out, count), keep)
     print(f"(a) 32 KiB records: {count} records, {path}", flush=True)
     ensure_records(path, count)
     check_stamps(path)
@@ -98,9 +101,6 @@ def part_records(out: Path, quick: bool, rounds: int, keep: bool) -> list[Run]:
     max_time_s = 8.0 if quick else 30.0
     for round_index in range(rounds):
         runs += run_round(path, count, round_index, max_time_s, (0, 2, 4))
-    if not keep:
-        path.unlink()
-        print(f"removed {path}", flush=True)
     return runs
 
 

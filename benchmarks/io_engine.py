@@ -27,13 +27,16 @@ aiofiles), CPU microseconds per I/O (getrusage of this process, engine threads i
 from its JSON), PASS/MISS against the issue's targets, and, as the last line, one JSON object.
 
 Quick check (1 GiB file, 2 rounds of 1.5 s runs, random rows 4k QD1/32/128 and 128k QD32/128
-only; about 75 s here plus a few seconds to write the file the first time)::
+only; about 75 s here plus a few seconds to write the file)::
 
     .venv/bin/python benchmarks/io_engine.py --quick
 
 Full mode (4 GiB file, 5 rounds of 5 s runs, about 15-20 minutes)::
 
     .venv/bin/python benchmarks/io_engine.py
+
+The data files (1 or 4 GiB each, under benchmarks/out/) are removed when the run ends, however
+it ends; ``--keep-data`` keeps them, and a later run reuses them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from _common import (
 )
 from _fio import ensure_fio, run_fio
 from _report import headline, print_report
+from _scratch import remove_at_exit
 
 from tiers.buffers import aligned_empty
 from tiers.engine import IOEngine
@@ -219,6 +223,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size-gib", type=float, help="data file size (full 4, quick 1)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the files live")
     parser.add_argument(
+        "--keep-data", action="store_true", help="keep the data files for the next run"
+    )
+    parser.add_argument(
         "--drive",
         choices=("stream", "lanes"),
         default="stream",
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     targets = [run.read_path] + ([run.write_path] if any(c.is_write for c in configs) else [])
     for target in targets:
-        made = ensure_data_file(target, size_bytes)
+        made = ensure_data_file(remove_at_exit(target, args.keep_data), size_bytes)
         print(f"{'wrote' if made else 'reusing'} {target}", file=sys.stderr, flush=True)
     samples = run_rounds(configs, run, args.rounds)
     figures = headline(samples, mode, machine_string())

@@ -26,8 +26,8 @@ Full mode (about 6 minutes here)::
     .venv/bin/python benchmarks/tiers.py
 
 Markdown tables and PASS/MISS verdicts go to stdout, the last line being one JSON object;
-progress goes to stderr. Files live under benchmarks/out/ (the tier directories are deleted at
-the end, the fio data file is kept for the next run).
+progress goes to stderr. Files live under benchmarks/out/ and are removed when the run ends,
+however it ends (``--keep-data`` keeps the fio data file for the next run).
 """
 
 from __future__ import annotations
