@@ -1,8 +1,10 @@
 """Our index (vectordb.SpannIndex) as a benchmarked system: build (cached), cold-cache searches.
 
 The build is cached under benchmarks/out/vectordb/spann/<dataset>-<code>/, where <code> is a hash
-of vectordb/*.py: any change to the index code rebuilds (the on-disk format may have changed). A
-``BUILT`` stamp is written after ``aclose``, so a killed build is never reused.
+of vectordb/*.py: any change to the index code rebuilds (the on-disk format may have changed), and
+the new build removes the builds of the same data by other code versions (never reused again,
+each as big as the dataset) unless an index holds them open. A ``BUILT`` stamp is written after
+``aclose``, so a killed build is never reused.
 
 Each timed search first drops the index's data files from the page cache (``index.data_files()``,
 ``posix_fadvise(DONTNEED)``; the index reads with O_DIRECT anyway). Bytes and pages per query come
@@ -15,10 +17,13 @@ figure.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import hashlib
 import importlib
+import os
 import pkgutil
+import re
 import shutil
 import time
 from pathlib import Path
@@ -89,10 +94,36 @@ def cached_build(
         return directory, float(stamp.read_text())
     rows = ds.base if ids is None else np.ascontiguousarray(ds.base[ids])
     log(f"ours: building {len(rows):,} vectors into {directory}")
+    _remove_stale_builds(directory)
     shutil.rmtree(directory, ignore_errors=True)  # a build that never finished
     build_s = runner.run(_build(directory, ds, ids, rows, dtype, overrides))
     log(f"ours: built in {build_s:.1f} s")
     return directory, build_s
+
+
+def _remove_stale_builds(directory: Path) -> None:
+    """Remove the siblings of ``directory`` that differ from it only in the code hash."""
+    stem = directory.name.rsplit("-", 1)[0]
+    stale = re.compile(re.escape(stem) + r"-[0-9a-f]{10}")
+    for other in directory.parent.glob("*"):
+        if other != directory and stale.fullmatch(other.name) and not _in_use(other):
+            log(f"ours: removing {other}, built by other vectordb code")
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _in_use(index_dir: Path) -> bool:
+    """Whether an open SpannIndex holds the directory's LOCK (another run, older code)."""
+    try:
+        fd = os.open(index_dir / "LOCK", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+    return False
 
 
 class OursSystem:

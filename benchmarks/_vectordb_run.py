@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -248,10 +247,8 @@ def run(argv: list[str] | None = None) -> None:
             points, builds, extra = run_dataset(runner, ds, plan, args.out, args.quick, skip, notes)
             print(curve_table(name, ds.raw_bytes, points) + "\n")
             print(summary_table(name, points, builds) + "\n")
-            png = args.out / f"vectordb_spann_{name}.png"
-            plot(name, points, png)
+            plot(name, points, args.out / f"vectordb_spann_{name}.png")
             if name == "debian-minilm":
-                shutil.copyfile(png, HERE / "vectordb_spann.png")
                 headline = _headline(points, extra)
                 if "update" not in skip:
                     from _vectordb_update import update_phase

@@ -21,9 +21,9 @@ and ours / DiskANN. Then the update phase on debian-minilm (_vectordb_update.py)
 held-out 10%, delete 10%, recall@10 against the exact live top-10 after every step.
 
 Tables and PASS/MISS verdicts go to stdout, the last line being one JSON object; progress to
-stderr. Plots: benchmarks/out/vectordb_spann_<dataset>.png (debian-minilm's is copied to
-benchmarks/vectordb_spann.png). Datasets, ground truth and all builds are cached under
-benchmarks/out/vectordb/ (a rerun reuses them; ours rebuilds when vectordb/*.py changes).
+stderr. Plots: benchmarks/out/vectordb_spann_<dataset>.png (git-ignored, like all of out/).
+Datasets, ground truth and all builds are cached under benchmarks/out/vectordb/ (a rerun reuses
+them; ours rebuilds when vectordb/*.py changes, and a new build removes its stale versions).
 
 Quick check (debian-minilm only, 2 rounds, DiskANN only if a cached build exists; about 2
 minutes here with cached builds, plus ~1 minute of builds the first time)::
