@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from tierkit.arguments import free_mib, positive_float, positive_int, writable_directory
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tierkit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         from tiers.errors import TierkitError  # here: --help and refusals never load numpy
 
