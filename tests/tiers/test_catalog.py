@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -53,10 +54,18 @@ def test_entry_bytes_follow_the_documented_layout(tmp_path: Path) -> None:
     try:
         objects, meta = env.open_db(b"objects", create=False), env.open_db(b"meta", create=False)
         with env.begin() as txn:
-            raw = txn.get("ключ".encode(), db=objects)
-            assert struct.unpack("<IQQIQ", raw) == (7, 1 << 33, 12345, 0xFEEDF00D, 99)
-            assert struct.unpack("<I", txn.get(b"format_version", db=meta)) == (1,)
-            assert struct.unpack("<Q", txn.get(b"next_version", db=meta))[0] >= 1
+            key = "ключ".encode()
+            raw = txn.get(key, db=objects)
+            assert struct.unpack("<IQQIQI", raw) == (
+                *(7, 1 << 33, 12345, 0xFEEDF00D, 99),
+                zlib.crc32(key + raw[:32]),  # the seal covers the key too
+            )
+            sealed = {name: bytes(value) for name, value in txn.cursor(db=meta)}
+            for name, value in sealed.items():
+                assert struct.unpack("<I", value[-4:]) == (zlib.crc32(name + value[:-4]),)
+            assert sealed[b"format_version"][:-4] == struct.pack("<I", 2)
+            assert sealed[b"entry_count"][:-4] == struct.pack("<Q", 1)
+            assert struct.unpack("<Q", sealed[b"next_version"][:-4])[0] >= 1
     finally:
         env.close()
 
