@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tiers.errors import CorruptionError
-from vectordb.meta import META_FORMAT_VERSION, Checkpoint, MetaStore
+from vectordb.meta import Checkpoint, MetaStore
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_round_trip(store: MetaStore, tmp_path: Path) -> None:
     got = store.read()
     assert got is not None
     assert got.config == config
-    assert got.state == {**state, "format": META_FORMAT_VERSION}
+    assert got.state == state
     _assert_same(got.arrays, arrays)
     # committed: a store reopened on the same directory sees it
     store.close()
@@ -119,9 +119,9 @@ def _flip(value: bytes, at: int) -> bytes:
 @pytest.mark.parametrize(
     "damage",
     [
-        pytest.param(lambda v: _flip(v, len(v) - 1), id="last-data-byte"),
-        pytest.param(lambda v: _flip(v, 4 + 20), id="npy-header"),
-        pytest.param(lambda v: _flip(v, 0), id="crc"),
+        pytest.param(lambda v: _flip(v, len(v) - 5), id="last-data-byte"),
+        pytest.param(lambda v: _flip(v, 20), id="npy-header"),
+        pytest.param(lambda v: _flip(v, len(v) - 1), id="crc"),
         pytest.param(lambda v: v[:-8], id="truncated"),
         pytest.param(lambda v: v + b"\0" * 8, id="extended"),
         pytest.param(lambda v: v[:2], id="shorter-than-crc"),
@@ -132,8 +132,8 @@ def test_corrupted_array_value(store: MetaStore, tmp_path: Path, damage: Any) ->
     store.write(Checkpoint({"dim": 5}, {}, _arrays()))
     key = b"a:versions"
     value = _raw(store, key)
-    (crc,) = struct.unpack_from("<I", value)
-    assert crc == zlib.crc32(value[4:])  # the documented layout: crc32 + .npy bytes
+    (crc,) = struct.unpack_from("<I", value, len(value) - 4)
+    assert crc == zlib.crc32(key + value[:-4])  # the documented layout: .npy bytes, then a seal
     reopened = _damaged(tmp_path, store, key, damage(value))
     try:
         with pytest.raises(CorruptionError, match="versions"):
@@ -144,7 +144,10 @@ def test_corrupted_array_value(store: MetaStore, tmp_path: Path, damage: Any) ->
 
 def test_unknown_format_is_refused(store: MetaStore, tmp_path: Path) -> None:
     store.write(Checkpoint({"dim": 5}, {}, {}))
-    reopened = _damaged(tmp_path, store, b"state", b'{"format": 99}')
+    stamp = struct.pack("<II", 99, 4)  # a well-sealed stamp of a future format
+    reopened = _damaged(
+        tmp_path, store, b"format", stamp + struct.pack("<I", zlib.crc32(b"format" + stamp))
+    )
     try:
         with pytest.raises(CorruptionError, match="format 99"):
             reopened.read()
