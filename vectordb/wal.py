@@ -2,8 +2,18 @@
 
 Segments ``wal-<seq:08d>.log`` in the index directory; a checkpoint starts a new segment and,
 once its LMDB commit is durable, deletes the older ones. On open, the segments at or after the
-checkpoint's are replayed in order; a torn record at the end of the last segment (a crash in
-mid-append) ends the log and is cut off. Record layout (little-endian)::
+checkpoint's are replayed in order.
+
+Torn tail versus damage: appends are serialised and each is fdatasynced before it is
+acknowledged, so a crash can tear only the last record of the newest segment (and starting a
+new segment first cuts the old one to its last acknowledged record). A record that fails its
+check therefore ends the log as a torn tail, cut off on reopen, exactly when it is in the newest
+segment and no whole record follows it. A failed record with a whole record after it, or at the
+end of an older segment, is damage to acknowledged updates: CorruptionError naming the file and
+offset, never a silent cut. (So a flipped byte in the very last record reads as a torn append;
+nothing in the bytes tells the two apart.)
+
+Record layout (little-endian)::
 
     offset  size  field
     0       4     magic     0x31574B54 ("TKW1")
@@ -13,9 +23,9 @@ mid-append) ends the log and is cut off. Record layout (little-endian)::
     16      4     count     number of ids
     20      4     payload   bytes that follow the header
     24      4     crc32     of bytes 0..23 and the payload
-    28      4     reserved  0
+    28      4     reserved  0 (outside the crc, so checked on its own)
     32      ...   payload   ids int64[count]; for inserts then vectors [count, dim] in the index
-                            dtype; zero-padded to a multiple of 8 bytes
+                            dtype; zero-padded to a multiple of 8 bytes (so records stay 8-aligned)
 
 Concurrency: loop thread; appends are serialised (write + fdatasync under one lock), so the
 order of records is the order of acknowledgement.
@@ -33,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tiers.engine import FileHandle, IOEngine
-from tiers.errors import map_os_errors
+from tiers.errors import CorruptionError, map_os_errors
 from tiers.tier_directory import fsync_directory
 
 __all__ = ["DELETE", "INSERT", "WalRecord", "WriteAheadLog", "read_segment", "segment_name"]
@@ -72,28 +82,83 @@ def encode_record(kind: int, lsn: int, ids: np.ndarray, vectors: np.ndarray | No
     return header.tobytes() + payload
 
 
-def read_segment(path: str, dim: int, dtype: Any) -> tuple[list[WalRecord], int]:
-    """Records of one segment and the byte length of its valid prefix."""
+def read_segment(
+    path: str, dim: int, dtype: Any, *, newest: bool | None = None
+) -> tuple[list[WalRecord], int]:
+    """Records of one segment and the byte length of its valid prefix (the rest: a torn tail).
+
+    ``newest``: whether no later segment exists (by default, looked up in the directory). Raises
+    CorruptionError where a failed record cannot be a torn tail (see the module docstring).
+    """
     with map_os_errors(path), open(path, "rb") as f:
         data = f.read()
-    records, offset = [], 0
-    while offset + _HEADER.itemsize <= len(data):
-        header = np.frombuffer(data, _HEADER, 1, offset)[0]
-        end = offset + _HEADER.itemsize + int(header["payload"])
-        if header["magic"] != _MAGIC or end > len(data) or header["kind"] not in (INSERT, DELETE):
-            break
-        payload = data[offset + _HEADER.itemsize : end]
-        if zlib.crc32(payload, zlib.crc32(data[offset : offset + 24])) != header["crc"]:
-            break
-        count = int(header["count"])
-        ids = np.frombuffer(payload, np.int64, count).copy()
-        vectors = None
-        if header["kind"] == INSERT:
-            vectors = np.frombuffer(payload, dtype, count * dim, count * 8).reshape(count, dim)
-        records.append(WalRecord(int(header["kind"]), int(header["lsn"]), ids, vectors.copy()
-                                 if vectors is not None else None))  # fmt: skip
-        offset = end
+    records: list[WalRecord] = []
+    offset = 0
+    while (parsed := _parse(data, offset, dim, dtype)) is not None:
+        records.append(parsed[0])
+        offset = parsed[1]
+    if offset < len(data):
+        _check_torn_tail(path, data, offset, dim, dtype, newest)
     return records, offset
+
+
+def _payload_bytes(kind: int, count: int, dim: int, itemsize: int) -> int:
+    size = count * 8 + (count * dim * itemsize if kind == INSERT else 0)
+    return size + -size % 8
+
+
+def _parse(data: bytes, offset: int, dim: int, dtype: Any) -> tuple[WalRecord, int] | None:
+    """(the record at ``offset``, where it ends) if a whole record that passes its checks is
+    there, else None."""
+    if offset + _HEADER.itemsize > len(data):
+        return None
+    header = np.frombuffer(data, _HEADER, 1, offset)[0]
+    kind, count, start = int(header["kind"]), int(header["count"]), offset + _HEADER.itemsize
+    end = start + int(header["payload"])
+    if header["magic"] != _MAGIC or header["r1"] != 0 or kind not in (INSERT, DELETE):
+        return None
+    if end > len(data) or end - start != _payload_bytes(kind, count, dim, np.dtype(dtype).itemsize):
+        return None
+    if zlib.crc32(data[start:end], zlib.crc32(data[offset : offset + 24])) != header["crc"]:
+        return None
+    ids = np.frombuffer(data, np.int64, count, start).copy()
+    vectors = None
+    if kind == INSERT:
+        vectors = np.frombuffer(data, dtype, count * dim, start + count * 8).reshape(count, dim)
+    record = WalRecord(kind, int(header["lsn"]), ids, None if vectors is None else vectors.copy())
+    return record, end
+
+
+def _check_torn_tail(
+    path: str, data: bytes, offset: int, dim: int, dtype: Any, newest: bool | None
+) -> None:
+    """CorruptionError unless the failed record at ``offset`` can be a crash's torn append."""
+    magic = _MAGIC.to_bytes(4, "little")
+    at = data.find(magic, offset + 8)
+    while at >= 0:  # records are 8-aligned: a whole one after the failure proves damage
+        if at % 8 == 0 and _parse(data, at, dim, dtype) is not None:
+            raise CorruptionError(
+                f"WAL record at byte {offset} of {path} fails its check, yet a whole record "
+                f"follows at byte {at}",
+                path,
+                offset,
+            )
+        at = data.find(magic, at + 1)
+    if not (_is_newest(path) if newest is None else newest):
+        raise CorruptionError(
+            f"WAL record at byte {offset} of {path} fails its check, and a later segment "
+            "exists: only the newest can end in a torn append",
+            path,
+            offset,
+        )
+
+
+def _is_newest(path: str) -> bool:
+    """No later segment lies beside ``path`` (a file not named as a segment has none)."""
+    match = _SEGMENT.match(os.path.basename(path))
+    if match is None:
+        return True
+    return max(list_segments(os.path.dirname(path) or "."), default=-1) <= int(match[1])
 
 
 def list_segments(directory: str) -> list[int]:
@@ -115,14 +180,19 @@ class WriteAheadLog:
         self._lock = asyncio.Lock()
 
     async def start_segment(self, seq: int, valid_bytes: int = 0) -> None:
-        """Append to segment ``seq`` from ``valid_bytes`` (a torn tail beyond is cut off)."""
+        """Append to segment ``seq`` from ``valid_bytes`` (a torn tail beyond is cut off).
+
+        The segment appended to so far is first cut to its last acknowledged record (a failed
+        append may have left part of one): only the newest segment may end in a torn record.
+        """
+        old = self._file
+        if old is not None and self.engine.file_size(old) != self.bytes_written:
+            await self._cut(old, self.bytes_written)
         path = os.path.join(self.directory, segment_name(seq))
         file = await self.engine.open(path, write=True, create=True)
-        with map_os_errors(path):
-            os.truncate(path, valid_bytes)
-        await self.engine.fsync(file)
+        await self._cut(file, valid_bytes)
         await asyncio.to_thread(fsync_directory, self.engine.env, self.directory)
-        old, self._file, self.seq, self.bytes_written = self._file, file, seq, valid_bytes
+        self._file, self.seq, self.bytes_written = file, seq, valid_bytes
         if old is not None:
             await self.engine.close_file(old)
 
@@ -142,6 +212,11 @@ class WriteAheadLog:
             if old < seq:
                 with map_os_errors(self.directory):
                     os.unlink(os.path.join(self.directory, segment_name(old)))
+
+    async def _cut(self, file: FileHandle, length_bytes: int) -> None:
+        with map_os_errors(file.path):
+            os.truncate(file.path, length_bytes)
+        await self.engine.fsync(file)
 
     async def close(self) -> None:
         if self._file is not None:
