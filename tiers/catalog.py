@@ -18,8 +18,8 @@ damaged key cannot pass for another key, nor vanish unnoticed)::
                 b"next_version"   -> u64, sealed: above every version ever committed
                 b"entry_count"    -> u64, sealed: how many records b"objects" holds
 
-Opening first walks ``data.mdb`` with py-lmdb's pure-Python verifier (``lmdb.verify``, where
-the binding has it): LMDB 0.9 checksums nothing and trusts its page headers, so damage there
+Opening first walks ``data.mdb`` with py-lmdb's pure-Python verifier (``lmdb.verify``;
+tiers.lmdb_records): LMDB 0.9 checksums nothing and trusts its page headers, so damage there
 could make it read outside the file and kill the process (SIGBUS). Then every record of both
 databases is checked (the catalog loads them all anyway) and the objects are counted against
 ``entry_count``, so a record LMDB no longer reaches is caught too. A failed check, or LMDB
@@ -44,32 +44,17 @@ unique and above every committed one, across restarts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import os
 import struct
-import zlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import lmdb
 
-try:  # py-lmdb >= 3.0: a pure-Python walk of a data file, which damage cannot crash
-    from lmdb.verify import VerifyError, verify
-except ImportError:  # older bindings: LMDB maps the file unchecked
-    VerifyError, verify = Exception, None
+from tiers.errors import CorruptionError, EngineClosedError, map_os_errors
+from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal
 
-from tiers.errors import (
-    CorruptionError,
-    EngineClosedError,
-    NoSpaceError,
-    PermissionDeniedError,
-    StorageError,
-    map_os_errors,
-)
-
-__all__ = ["Catalog", "CatalogEntry", "check_lmdb_file", "lmdb_errors", "seal", "unseal"]
+__all__ = ["Catalog", "CatalogEntry"]
 
 CATALOG_FORMAT_VERSION = 2
 _ENTRY = struct.Struct("<IQQIQ")
@@ -78,13 +63,6 @@ _U64 = struct.Struct("<Q")
 _META = {b"format_version": _U32, b"next_version": _U64, b"entry_count": _U64}
 _INITIAL_MAP_BYTES = 1 << 30  # virtual: LMDB's file grows with its contents, not this
 _ENV_OPTIONS = dict(subdir=True, sync=True, metasync=True, max_dbs=2, readahead=False)
-# LMDB's ways of saying that a file is damaged. Incompatible: a database's flags changed (ours
-# never do); BadTxn: LMDB failed the transaction on meeting a bad page (we never nest or reuse
-# one); VersionMismatch: the meta page names another data format; BadChecksum: LMDB 1.0's.
-_DAMAGE_NAMES = "Corrupted PageNotFound Invalid Incompatible BadTxn VersionMismatch BadChecksum"
-_DAMAGE = tuple(
-    getattr(lmdb, f"{n}Error") for n in _DAMAGE_NAMES.split() if hasattr(lmdb, n + "Error")
-)
 
 
 class CatalogEntry(NamedTuple):
@@ -100,37 +78,6 @@ class CatalogEntry(NamedTuple):
     @classmethod
     def unpack(cls, raw: bytes) -> CatalogEntry:
         return cls(*_ENTRY.unpack(raw))
-
-
-def seal(key: bytes, body: bytes) -> bytes:
-    """The value to store under ``key``: ``body``, then the CRC-32 of ``key + body``."""
-    return body + _U32.pack(zlib.crc32(body, zlib.crc32(key)))
-
-
-def unseal(key: bytes, value: bytes, path: str) -> bytes:
-    """The body of a sealed value; CorruptionError naming ``path`` if its key or value changed."""
-    body = value[: -_U32.size]
-    crc = zlib.crc32(body, zlib.crc32(key))
-    if len(value) < _U32.size or _U32.unpack_from(value, len(body))[0] != crc:
-        raise CorruptionError(f"LMDB record {key[:64]!r} fails its checksum in {path}", path)
-    return body
-
-
-def check_lmdb_file(data_path: str) -> None:
-    """CorruptionError if ``data_path`` fails LMDB's structural check; run before LMDB maps it.
-
-    LMDB 0.9 trusts its pages: a damaged page header can make it read outside the file, and the
-    process dies of SIGBUS. An absent or empty file (a new environment) passes.
-    """
-    with map_os_errors(data_path):
-        fresh = not os.path.isfile(data_path) or os.path.getsize(data_path) == 0
-        try:
-            problems = [] if fresh or verify is None else verify(data_path, subdir=False)
-        except VerifyError as exc:
-            problems = [str(exc)]
-    if problems:
-        found = "; ".join(problems[:3])
-        raise CorruptionError(f"{data_path} fails LMDB's structural check: {found}", data_path)
 
 
 _Change = tuple[str, CatalogEntry | None, "asyncio.Future[None]"]
@@ -325,19 +272,3 @@ class Catalog:
                     return
                 except lmdb.MapFullError:  # the map is virtual: double it and retry
                     self._env.set_mapsize(self._env.info()["map_size"] * 2)
-
-
-@contextlib.contextmanager
-def lmdb_errors(path: str) -> Iterator[None]:
-    """Translate LMDB's exceptions into the tierkit error tree; ``path``: the file to name."""
-    try:
-        yield
-    except lmdb.Error as exc:
-        message = f"LMDB: {exc}"
-        if isinstance(exc, lmdb.DiskError):
-            raise NoSpaceError(errno.ENOSPC, message, path) from exc
-        if isinstance(exc, lmdb.ReadonlyError):
-            raise PermissionDeniedError(errno.EROFS, message, path) from exc
-        if isinstance(exc, _DAMAGE):
-            raise CorruptionError(f"LMDB finds {path} damaged: {exc}", path) from exc
-        raise StorageError(errno.EIO, message, path) from exc

@@ -16,8 +16,9 @@ import lmdb
 import pytest
 
 from tests.tiers.lmdb_flips import flipped_copies, node_regions
-from tiers.catalog import Catalog, CatalogEntry, lmdb_errors
+from tiers.catalog import Catalog, CatalogEntry
 from tiers.errors import CorruptionError
+from tiers.lmdb_records import lmdb_errors
 
 KEYS = ["alpha", "ключ-7", "k" * 40, *(f"obj-{i:03d}" for i in range(12)), "zz/last"]
 VICTIMS = ["alpha", "ключ-7", "k" * 40, "obj-006", "zz/last"]
