@@ -18,7 +18,7 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
-from tiers.errors import FileMissingError
+from tiers.errors import CorruptionError, FileMissingError
 from vectordb.meta import Checkpoint
 from vectordb.version_map import VersionMap
 from vectordb.wal import DELETE, list_segments, read_segment, segment_name
@@ -81,7 +81,9 @@ async def load_checkpoint(index: SpannIndex) -> None:
     start_seq = int(saved.state["wal_seq"])
     index.wal.next_lsn = int(saved.state["next_lsn"])
     segments = [seq for seq in list_segments(index.directory) if seq >= start_seq] or [start_seq]
+    _check_no_segment_missing(index.directory, start_seq, segments)
     valid_bytes = 0
+    due_lsn = index.wal.next_lsn  # the log runs on from the checkpoint, one LSN a record
     for seq in segments:
         path = os.path.join(index.directory, segment_name(seq))
         try:
@@ -89,6 +91,13 @@ async def load_checkpoint(index: SpannIndex) -> None:
         except FileMissingError:
             records, valid_bytes = [], 0
         for record in records:
+            if record.lsn != due_lsn:
+                raise CorruptionError(
+                    f"{path}: write-ahead log record LSN {record.lsn} where {due_lsn} was due: "
+                    "acknowledged updates are missing (a lost or damaged log segment)",
+                    path,
+                )
+            due_lsn += 1
             if record.kind == DELETE:
                 index.versions.delete(record.ids)
             else:
@@ -98,3 +107,12 @@ async def load_checkpoint(index: SpannIndex) -> None:
             index.wal.next_lsn = max(index.wal.next_lsn, record.lsn + 1)
             index.counters["wal_replayed"] += 1
     await index.wal.start_segment(segments[-1], valid_bytes)
+
+
+def _check_no_segment_missing(directory: str, start_seq: int, segments: list[int]) -> None:
+    """Segments run on from the checkpoint's without a gap (one lost in the middle would drop
+    acknowledged updates silently if its neighbours' LSNs happened to be empty around it)."""
+    for expected, seq in enumerate(segments, start_seq):
+        if seq != expected:
+            path = os.path.join(directory, segment_name(expected))
+            raise CorruptionError(f"write-ahead log segment {path} is missing", path)

@@ -56,3 +56,50 @@ def test_a_flipped_log_byte_on_reopen(tmp_path: Path, record: int) -> None:
             assert index.stats()["n_vectors"] == BUILT + (BATCHES - 1) * BATCH
 
     asyncio.run(main())
+
+
+async def _crash_over_segments(directory: Path) -> list[Path]:
+    """Build, then inserts over two log segments (the first batch in the checkpoint's, the
+    rest in the next); lose power. Returns the segments, oldest first."""
+    engine = FaultyEngine(ThreadEngine(2))
+    index = await SpannIndex.create(directory, CONFIG, engine=engine)
+    await index.build(np.arange(BUILT), clustered(BUILT, DIM, seed=0))
+    for k in range(BATCHES):
+        ids = np.arange(BUILT + k * BATCH, BUILT + (k + 1) * BATCH)
+        await index.insert(ids, clustered(BATCH, DIM, seed=k + 1))
+        if k == 0:
+            await index.wal.start_segment(index.wal.seq + 1)  # later records: a new segment
+    await engine.power_cut()
+    await index.aclose()
+    await engine.aclose()
+    return [directory / segment_name(seq) for seq in list_segments(str(directory))]
+
+
+def test_a_lost_log_segment_is_an_error_not_a_silent_gap(tmp_path: Path) -> None:
+    """A segment removed from the middle of the log (its records acknowledged) stops the open
+    with CorruptionError naming it; the log's LSNs must run on from the checkpoint's."""
+
+    async def main() -> None:
+        segments = await _crash_over_segments(tmp_path / "index")
+        assert len(segments) == 2
+        lost = segments[0]
+        lost.unlink()
+        with pytest.raises(CorruptionError, match="missing") as info:
+            await SpannIndex.open(tmp_path / "index")
+        assert info.value.path == str(lost)
+
+    asyncio.run(main())
+
+
+def test_records_lost_from_the_start_of_the_log_are_an_error(tmp_path: Path) -> None:
+    """The first segment emptied (its records gone, the file kept): the next record's LSN is
+    not the one the checkpoint expects."""
+
+    async def main() -> None:
+        segments = await _crash_over_segments(tmp_path / "index")
+        segments[0].write_bytes(b"")
+        with pytest.raises(CorruptionError, match="LSN") as info:
+            await SpannIndex.open(tmp_path / "index")
+        assert info.value.path == str(segments[1])
+
+    asyncio.run(main())
