@@ -10,8 +10,9 @@ alternating rounds:
   O_DIRECT, 4 MiB blocks at queue depth 8: the 32 MiB a scrub has in flight, in requests of at
   most 4 MiB as posting_reads merges them). Ratio: verify MB/s over fio MB/s.
 * ``search``: QPS of the 500 queries as one batch, and of 100 of them one call each, on the clean
-  index and on the same index with one byte flipped in the list the queries probe most (the
-  search then answers without it: ``SearchResult.skipped_lists``). Ratio: degraded over clean.
+  index and on a copy of it with one byte flipped in the list the queries probe most (the
+  search then answers without it: ``SearchResult.skipped_lists``); the two alternate, each
+  opened afresh every round. Ratio: degraded over clean.
 * ``repair``: seconds for ``SpannIndex.repair()`` to rebuild that list and checkpoint (once).
 
 Medians over rounds, min-max shown. Tables to stdout, the last line one JSON object; progress
@@ -48,6 +49,7 @@ from vectordb import IndexConfig, SearchParams, SpannIndex  # noqa: E402
 DATA = _ROOT.parent / "shared" / "data" / "debian-minilm"
 SCRATCH = _HERE / "out" / "scrub"
 PARAMS = SearchParams(max_postings=8)
+Samples = dict[str, list[float]]
 
 
 def _log(message: str) -> None:
@@ -89,6 +91,7 @@ async def _qps(index: SpannIndex, queries: np.ndarray) -> tuple[float, float, bo
 
 
 def _flip_most_probed(directory: Path, index: SpannIndex, queries: np.ndarray) -> int:
+    """Flip a byte of record 0 of the list the queries probe most; returns the list."""
     pids, _ = index.navigator.search(queries, 8)
     pid = int(np.bincount(pids[pids >= 0]).argmax())
     offset = int(index.store.start[pid]) * 4096 + 100  # record 0's vector
@@ -100,53 +103,54 @@ def _flip_most_probed(directory: Path, index: SpannIndex, queries: np.ndarray) -
     return pid
 
 
-async def _round(directory: Path, queries: np.ndarray, samples: dict[str, list[float]]) -> None:
+async def _measure(directory: Path, queries: np.ndarray, prefix: str, samples: Samples) -> bool:
+    """One opening of the index at ``directory``: its batch and single QPS; whether degraded."""
     async with await SpannIndex.open(directory) as index:
         await index.search(queries[:50], 10, PARAMS)  # kernels and caches warm
-        start = time.perf_counter()
-        scrub = await index.verify()
-        samples["verify_mb_per_s"].append(scrub.bytes_read / 1e6 / (time.perf_counter() - start))
-        batch, single, _ = await _qps(index, queries)
-        samples["clean_batch_qps"].append(batch)
-        samples["clean_single_qps"].append(single)
-    samples["fio_seq_read_mb_per_s"].append(_fio_mb_per_s(directory / "postings.dat"))
+        batch, single, degraded = await _qps(index, queries)
+        samples[f"{prefix}_batch_qps"].append(batch)
+        samples[f"{prefix}_single_qps"].append(single)
+        if prefix == "clean":
+            start = time.perf_counter()
+            scrub = await index.verify()
+            mb_per_s = scrub.bytes_read / 1e6 / (time.perf_counter() - start)
+            samples["verify_mb_per_s"].append(mb_per_s)
+    return degraded
 
 
-async def _degraded(directory: Path, queries: np.ndarray, rounds: int) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {"degraded_batch_qps": [], "degraded_single_qps": []}
+async def _repair_s(directory: Path, pid: int) -> float:
     async with await SpannIndex.open(directory) as index:
-        pid = _flip_most_probed(directory, index, queries)
-    _log(f"flipped a byte in list {pid}")
-    async with await SpannIndex.open(directory) as index:
-        await index.search(queries[:50], 10, PARAMS)
-        for _ in range(rounds):
-            batch, single, degraded = await _qps(index, queries)
-            assert degraded, "the corrupt list was never met"
-            samples["degraded_batch_qps"].append(batch)
-            samples["degraded_single_qps"].append(single)
         start = time.perf_counter()
         report = await index.repair()
-        samples["repair_s"] = [time.perf_counter() - start]
-        assert report.repaired_lists == [pid], report
-    return samples
+        seconds = time.perf_counter() - start
+    assert report.repaired_lists == [pid], report
+    return seconds
 
 
 async def _main(rounds: int) -> dict[str, float]:
     base, queries, name = _data()
     _log(f"data: {name}, {len(base)} x {base.shape[1]}, {len(queries)} queries")
-    directory = SCRATCH / "index"
-    async with await SpannIndex.create(directory, IndexConfig(dim=base.shape[1])) as index:
+    clean, broken = SCRATCH / "clean", SCRATCH / "broken"
+    async with await SpannIndex.create(clean, IndexConfig(dim=base.shape[1])) as index:
         start = time.perf_counter()
         await index.build(None, base)
         _log(f"built in {time.perf_counter() - start:.1f} s")
-    samples: dict[str, list[float]] = {
-        k: [] for k in ("verify_mb_per_s", "fio_seq_read_mb_per_s", "clean_batch_qps")
-    }
-    samples["clean_single_qps"] = []
-    for i in range(rounds):
+    shutil.copytree(clean, broken)
+    (broken / "LOCK").unlink(missing_ok=True)
+    async with await SpannIndex.open(broken) as index:
+        pid = _flip_most_probed(broken, index, queries)
+    _log(f"flipped a byte in list {pid} of the copy")
+    keys = ("verify_mb_per_s", "fio_seq_read_mb_per_s", "clean_batch_qps", "clean_single_qps")
+    samples: Samples = {k: [] for k in (*keys, "degraded_batch_qps", "degraded_single_qps")}
+    for i in range(rounds):  # the two indexes alternate, each opened afresh every round
         _log(f"round {i + 1}/{rounds}")
-        await _round(directory, queries, samples)
-    samples.update(await _degraded(directory, queries, rounds))
+        first, second = ("clean", "degraded") if i % 2 == 0 else ("degraded", "clean")
+        for prefix in (first, second):
+            where = clean if prefix == "clean" else broken
+            degraded = await _measure(where, queries, prefix, samples)
+            assert degraded == (prefix == "degraded"), f"{prefix}: degraded={degraded}"
+        samples["fio_seq_read_mb_per_s"].append(_fio_mb_per_s(clean / "postings.dat"))
+    samples["repair_s"] = [await _repair_s(broken, pid)]
     return _report(samples, name)
 
 
