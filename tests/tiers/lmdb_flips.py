@@ -48,3 +48,17 @@ def flipped_copies(
         scratch.mkdir(parents=True)
         (scratch / "data.mdb").write_bytes(bytes(damaged))
         yield offset, scratch
+
+
+def delete_behind_its_back(source: Path, target: Path, key: bytes, db: bytes | None) -> Path:
+    """A copy of the environment in ``source`` at ``target`` with ``key`` deleted from ``db``
+    (None: the default database) by plain LMDB, as a lost record would look."""
+    import lmdb
+
+    target.mkdir()
+    (target / "data.mdb").write_bytes((source / "data.mdb").read_bytes())
+    env = lmdb.open(str(target), subdir=True, max_dbs=2)
+    with env.begin(write=True) as txn:
+        assert txn.delete(key, db=None if db is None else env.open_db(db, txn=txn))
+    env.close()
+    return target

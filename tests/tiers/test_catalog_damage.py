@@ -15,7 +15,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from tests.tiers.lmdb_flips import flipped_copies, node_regions
+from tests.tiers.lmdb_flips import delete_behind_its_back, flipped_copies, node_regions
 from tiers.catalog import Catalog, CatalogEntry
 from tiers.errors import CorruptionError
 from tiers.lmdb_records import lmdb_errors
@@ -133,13 +133,7 @@ def test_a_record_lmdb_no_longer_reaches_is_caught(
 ) -> None:
     """A lost record (here: deleted behind the catalog's back) breaks the stored count."""
     source, _ = pristine
-    copy = tmp_path / "c"
-    copy.mkdir()
-    (copy / "data.mdb").write_bytes((source / "data.mdb").read_bytes())
-    env = lmdb.open(str(copy), subdir=True, max_dbs=2)
-    with env.begin(write=True) as txn:
-        assert txn.delete(b"obj-003", db=env.open_db(b"objects", txn=txn))
-    env.close()
+    copy = delete_behind_its_back(source, tmp_path / "c", b"obj-003", b"objects")
 
     async def main() -> None:
         catalog = Catalog(str(copy))

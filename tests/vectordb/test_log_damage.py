@@ -22,24 +22,28 @@ CONFIG = IndexConfig(dim=DIM, posting_limit=16, merge_threshold=3, checkpoint_wa
 BUILT, BATCH, BATCHES = 100, 5, 4
 
 
-async def _crash_after_inserts(directory: Path) -> Path:
-    """Build, insert BATCHES batches (one log record each), lose power; the newest segment."""
+async def _crash_after_inserts(directory: Path, new_segment_after: int | None = None) -> list[Path]:
+    """Build, insert BATCHES batches (one log record each; with ``new_segment_after``, the
+    batches after that one go to a new log segment), lose power. Returns the segments, oldest
+    first."""
     engine = FaultyEngine(ThreadEngine(2))
     index = await SpannIndex.create(directory, CONFIG, engine=engine)
     await index.build(np.arange(BUILT), clustered(BUILT, DIM, seed=0))
     for k in range(BATCHES):
         ids = np.arange(BUILT + k * BATCH, BUILT + (k + 1) * BATCH)
         await index.insert(ids, clustered(BATCH, DIM, seed=k + 1))
+        if k == new_segment_after:
+            await index.wal.start_segment(index.wal.seq + 1)
     await engine.power_cut()
     await index.aclose()  # no checkpoint: the engine is dead
     await engine.aclose()
-    return directory / segment_name(max(list_segments(str(directory))))
+    return [directory / segment_name(seq) for seq in list_segments(str(directory))]
 
 
 @pytest.mark.parametrize("record", [0, BATCHES - 2, BATCHES - 1])
 def test_a_flipped_log_byte_on_reopen(tmp_path: Path, record: int) -> None:
     async def main() -> None:
-        segment = await _crash_after_inserts(tmp_path / "index")
+        segment = (await _crash_after_inserts(tmp_path / "index"))[-1]
         records, valid = read_segment(str(segment), DIM, np.float32)
         assert len(records) == BATCHES and valid == segment.stat().st_size
         record_bytes = valid // BATCHES  # equal batches: equal records
@@ -58,29 +62,12 @@ def test_a_flipped_log_byte_on_reopen(tmp_path: Path, record: int) -> None:
     asyncio.run(main())
 
 
-async def _crash_over_segments(directory: Path) -> list[Path]:
-    """Build, then inserts over two log segments (the first batch in the checkpoint's, the
-    rest in the next); lose power. Returns the segments, oldest first."""
-    engine = FaultyEngine(ThreadEngine(2))
-    index = await SpannIndex.create(directory, CONFIG, engine=engine)
-    await index.build(np.arange(BUILT), clustered(BUILT, DIM, seed=0))
-    for k in range(BATCHES):
-        ids = np.arange(BUILT + k * BATCH, BUILT + (k + 1) * BATCH)
-        await index.insert(ids, clustered(BATCH, DIM, seed=k + 1))
-        if k == 0:
-            await index.wal.start_segment(index.wal.seq + 1)  # later records: a new segment
-    await engine.power_cut()
-    await index.aclose()
-    await engine.aclose()
-    return [directory / segment_name(seq) for seq in list_segments(str(directory))]
-
-
 def test_a_lost_log_segment_is_an_error_not_a_silent_gap(tmp_path: Path) -> None:
     """A segment removed from the middle of the log (its records acknowledged) stops the open
     with CorruptionError naming it; the log's LSNs must run on from the checkpoint's."""
 
     async def main() -> None:
-        segments = await _crash_over_segments(tmp_path / "index")
+        segments = await _crash_after_inserts(tmp_path / "index", new_segment_after=0)
         assert len(segments) == 2
         lost = segments[0]
         lost.unlink()
@@ -96,7 +83,7 @@ def test_records_lost_from_the_start_of_the_log_are_an_error(tmp_path: Path) -> 
     not the one the checkpoint expects."""
 
     async def main() -> None:
-        segments = await _crash_over_segments(tmp_path / "index")
+        segments = await _crash_after_inserts(tmp_path / "index", new_segment_after=0)
         segments[0].write_bytes(b"")
         with pytest.raises(CorruptionError, match="LSN") as info:
             await SpannIndex.open(tmp_path / "index")

@@ -16,7 +16,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from tests.tiers.lmdb_flips import flipped_copies, node_regions
+from tests.tiers.lmdb_flips import delete_behind_its_back, flipped_copies, node_regions
 from tiers.errors import CorruptionError
 from vectordb.meta import Checkpoint, MetaStore
 
@@ -95,13 +95,7 @@ def test_a_record_lmdb_no_longer_reaches_is_caught(
     pristine: tuple[Path, Checkpoint], tmp_path: Path
 ) -> None:
     source, _ = pristine
-    copy = tmp_path / "m"
-    copy.mkdir()
-    (copy / "data.mdb").write_bytes((source / "data.mdb").read_bytes())
-    env = lmdb.open(str(copy), subdir=True)
-    with env.begin(write=True) as txn:
-        assert txn.delete(b"a:versions")
-    env.close()
+    copy = delete_behind_its_back(source, tmp_path / "m", b"a:versions", None)
     store = MetaStore(str(copy))
     try:
         with pytest.raises(CorruptionError, match="records"):
