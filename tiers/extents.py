@@ -3,7 +3,10 @@
 Segregated fit: free extents sit in power-of-two size classes, so an allocation looks at a few
 classes, not every hole; a freed extent merges at once with free neighbours on both sides, so
 fragmentation cannot grow without bound (two adjacent holes never coexist). Used by every tier:
-DRAM/HBM/CXL arenas and NVMe extent files alike.
+DRAM/HBM/CXL arenas and NVMe extent files alike. An arena whose backing grows (extent files that
+are extended as they fill) starts with nothing free (``all_free=False``) and frees each part as
+it comes to exist; a freed part merges with the free tail before it, which
+``free_bytes_before`` measures so a grower knows how much more a request needs.
 
 Concurrency: not thread-safe; one owner (a tier, in its loop thread).
 Invariants: free extents are disjoint, aligned, and never adjacent; ``free_bytes`` is their sum.
@@ -17,9 +20,12 @@ __all__ = ["ExtentAllocator"]
 
 
 class ExtentAllocator:
-    """Allocates ``alignment_bytes``-aligned extents from ``[0, capacity_bytes)``."""
+    """Allocates ``alignment_bytes``-aligned extents from ``[0, capacity_bytes)``; with
+    ``all_free=False`` nothing is free until ``free`` hands parts of the arena in."""
 
-    def __init__(self, capacity_bytes: int, alignment_bytes: int = 64) -> None:
+    def __init__(
+        self, capacity_bytes: int, alignment_bytes: int = 64, *, all_free: bool = True
+    ) -> None:
         if alignment_bytes <= 0 or alignment_bytes & (alignment_bytes - 1):
             raise InvalidArgumentError(f"alignment must be a power of two: {alignment_bytes}")
         self.alignment_bytes = alignment_bytes
@@ -28,7 +34,7 @@ class ExtentAllocator:
         self._by_end: dict[int, int] = {}  # end -> start
         self._classes: list[set[int]] = [set() for _ in range(64)]  # size class -> starts
         self.free_bytes = 0
-        if self.capacity_bytes:
+        if self.capacity_bytes and all_free:
             self._add(0, self.capacity_bytes)
 
     def rounded(self, size_bytes: int) -> int:
@@ -74,6 +80,11 @@ class ExtentAllocator:
             self._remove(start + size, right_size)
             size += right_size
         self._add(start, size)
+
+    def free_bytes_before(self, address: int) -> int:
+        """Size of the free extent that ends exactly at ``address`` (0 when none does)."""
+        start = self._by_end.get(address)
+        return 0 if start is None else address - start
 
     def largest_free(self) -> int:
         for cls in range(63, -1, -1):

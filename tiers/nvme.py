@@ -1,15 +1,17 @@
-"""NvmeTier: the persistent tier, objects as checksummed records in preallocated extent files.
+"""NvmeTier: the persistent tier, objects as checksummed records in extent files that grow.
 
 Layout of ``directory``::
 
     LOCK                  flock()ed by the one process that has the tier open
     catalog/              LMDB: key -> (file, offset, size, crc32, version)  (tiers.catalog)
-    extents-00000.dat ... preallocated extent files of records              (tiers.nvme_space)
+    extents-00000.dat ... extent files of records, grown as they fill       (tiers.nvme_space)
 
 A record (tiers.nvme_format) is a 64-byte header, the payload and padding to 4 KiB; every byte
 moves through the I/O engine with O_DIRECT (unless ``direct=False``), staged in reusable aligned
-bounce buffers. Extent files are preallocated up to ``capacity_bytes`` and grow by whole files
-when fragmentation or an overwrite in progress needs more room.
+bounce buffers. Opening takes no disk space: extent files are fallocated in steps as records
+need room (ExtentSpace), so a tier's capacity may exceed the free space of its filesystem, and
+its files may grow past ``capacity_bytes`` by record padding, fragmentation and overwrites in
+progress (old and new record coexist until the commit).
 
 Crash consistency, by the order of a put: allocate a free extent -> write the record (one
 O_DIRECT write) -> fdatasync the extent file -> commit the catalog entry (an fsynced LMDB
@@ -65,7 +67,8 @@ class NvmeTier(Tier):
         directory: holds the catalog and extent files; created if missing.
         engine: the I/O engine to use (the caller keeps owning it); default: ``create_engine()``,
             owned and closed by the tier.
-        extent_file_bytes: size of each preallocated extent file (capped to the capacity).
+        extent_file_bytes: size an extent file grows to before the next one starts (capped to
+            the capacity); files grow in steps of at most 64 MiB.
         direct: O_DIRECT I/O; where the filesystem refuses it, ``start`` raises
             DirectIOUnsupportedError unless this is False.
     """
@@ -116,11 +119,11 @@ class NvmeTier(Tier):
         return tier
 
     async def start(self) -> None:
-        """Create or reopen the directory: lock it, load the catalog, open and preallocate the
-        extent files, and rebuild the free space from the catalog.
+        """Create or reopen the directory: lock it, load the catalog, open the extent files
+        and rebuild the free space from the catalog (no space is preallocated).
 
         Raises: PermissionDeniedError / InvalidArgumentError (directory unusable), StorageError
-        (EBUSY: another tier has it open), DirectIOUnsupportedError, NoSpaceError.
+        (EBUSY: another tier has it open), DirectIOUnsupportedError.
         """
         if self._state != "new":
             raise InvalidArgumentError(f"tier {self.name!r} was already started")
@@ -146,7 +149,6 @@ class NvmeTier(Tier):
                 for key, e in self._catalog.entries.items()
             )
             self._damaged = await self._space.open(used)
-            await self._space.ensure_total(_round_up(self.capacity_bytes))
         except BaseException:
             await self._release_resources()
             self._state = "closed"

@@ -1,23 +1,29 @@
 """ExtentSpace: the extent files of an NvmeTier, seen as one space of reusable 4 KiB extents.
 
-Files are ``<dir>/extents-<index:05d>.dat``, preallocated with ``posix_fallocate``; a new file's
-size is fsynced, and its directory entry too, before any extent in it is handed out, so a catalog
-entry never points into space that a crash could take away. The files hold nothing but records
-(see tiers.nvme_format); which extent holds what is known only to the catalog.
+Files are ``<dir>/extents-<index:05d>.dat``. Space is taken from the filesystem as records need
+it, never ahead: the last file grows by ``posix_fallocate`` in steps of ``grow_bytes`` (at most
+64 MiB) up to ``file_bytes``, then a new file starts; a record larger than ``file_bytes`` gets a
+file of its own size. A tier of any capacity therefore costs no disk at open, and its files hold
+about what its records hold. Before any extent of new space is handed out, the file's new size
+is fsynced (and a new file's directory entry too), so a catalog entry never points into space
+that a crash could take away. The files hold nothing but records (see tiers.nvme_format); which
+extent holds what is known only to the catalog. The capacity is not enforced here (NvmeTier
+charges puts against it); space grows only when no free extent fits.
 
 Addressing: file ``i`` occupies addresses ``[i * FILE_STRIDE_BYTES, i * FILE_STRIDE_BYTES +
 size_i)`` of one ExtentAllocator. The rest of each stride is never free, so no extent straddles
 two files, while holes in every file are found by one segregated-fit lookup (lowest address
-first, which keeps the early files full and the late ones empty). The allocator cannot grow or
-be told what is in use, so it is created over the whole address space, allocated entirely, and
-then the free parts of each file are freed into it.
+first, which keeps the early files full and the late ones empty). The allocator starts with
+nothing free; opening frees the parts of each file no record holds, and growing frees the new
+part (which merges with a free tail of the file).
 
 Pins: a read pins the extent it reads; releasing a pinned extent (an overwrite or delete that
 committed meanwhile) is deferred to the last unpin, so an extent is never rewritten while a read
 of it is in flight.
 
 Concurrency: loop thread only. Growing the files is serialised by one asyncio lock; blocking
-calls (fallocate, directory fsync) run in worker threads through the engine's Env.
+calls (fallocate, directory fsync) run in worker threads through the engine's Env. Growing the
+last file runs beside writes of records into its older part: they touch disjoint ranges.
 Invariants: every address the allocator has free lies inside a preallocated, durable part of a
 file; an extent is either free, or held by exactly one record (committed or being written), or
 pinned and waiting for its deferred free.
@@ -38,10 +44,19 @@ from tiers.extents import ExtentAllocator
 from tiers.nvme_format import RECORD_ALIGNMENT_BYTES
 from tiers.tier_directory import fsync_directory
 
-__all__ = ["FILE_STRIDE_BYTES", "ExtentSpace", "extent_file_name"]
+__all__ = [
+    "FILE_STRIDE_BYTES",
+    "GROW_STEP_BYTES",
+    "MAX_EXTENT_FILES",
+    "ExtentSpace",
+    "extent_file_name",
+]
 
 FILE_STRIDE_BYTES = 1 << 40  # address span per file: also the largest extent file
-_MAX_FILES = 1 << 16
+MAX_EXTENT_FILES = 1 << 16
+# Space taken per growth: one fallocate + fsync per 64 MiB written is noise next to the writes,
+# and a tier holds at most this much more disk than its records need.
+GROW_STEP_BYTES = 64 << 20
 _FILE_NAME = re.compile(r"^extents-(\d{5,})\.dat$")
 
 
@@ -50,7 +65,7 @@ def extent_file_name(index: int) -> str:
 
 
 class ExtentSpace:
-    """Extent files under ``directory``; new ones are ``file_bytes`` long (or one record)."""
+    """Extent files under ``directory``, each growing to ``file_bytes`` (or one record)."""
 
     def __init__(self, engine: IOEngine, directory: str, file_bytes: int, direct: bool) -> None:
         if file_bytes % RECORD_ALIGNMENT_BYTES or not 0 < file_bytes < FILE_STRIDE_BYTES:
@@ -60,21 +75,20 @@ class ExtentSpace:
         self.engine = engine
         self.directory = directory
         self.file_bytes = file_bytes
+        self.grow_bytes = min(file_bytes, GROW_STEP_BYTES)
         self.direct = direct
         self.files: dict[int, FileHandle] = {}
         self.sizes: dict[int, int] = {}  # usable bytes of each file (a multiple of 4 KiB)
-        arena = _MAX_FILES * FILE_STRIDE_BYTES
-        self._allocator = ExtentAllocator(arena, RECORD_ALIGNMENT_BYTES)
-        everything = self._allocator.allocate(arena)  # all used; each file frees its part
-        if everything != 0:
-            raise AssertionError(f"a fresh allocator gave {everything}, not 0")
+        arena = MAX_EXTENT_FILES * FILE_STRIDE_BYTES
+        self._allocator = ExtentAllocator(arena, RECORD_ALIGNMENT_BYTES, all_free=False)
         self._pins: dict[int, int] = {}  # address -> reads in flight
         self._deferred: dict[int, int] = {}  # address -> size, freed at the last unpin
         self._grow_lock = asyncio.Lock()
 
     # ----------------------------------------------------------------- set-up
     async def open(self, used: Iterable[tuple[Any, int, int, int]]) -> set[Any]:
-        """Open every extent file and free what ``used`` does not hold.
+        """Open every extent file and free what ``used`` does not hold; where there is none,
+        create an empty first one (DirectIOUnsupportedError here, not at the first put).
 
         ``used`` yields (tag, file_index, offset_bytes, record_bytes) per catalog entry. Returns
         the tags of entries that cannot be right (outside their file, misaligned, overlapping
@@ -109,13 +123,10 @@ class ExtentSpace:
                     self._free_part(index, cursor, offset - cursor)
                     cursor = offset + size
             self._free_part(index, cursor, self.sizes[index] - cursor)
+        if not self.files:
+            # An empty first file: opening proves O_DIRECT works here and costs no space.
+            await self._add_file(0)
         return bad
-
-    async def ensure_total(self, total_bytes: int) -> None:
-        """Add files until they hold at least ``total_bytes`` (preallocation to capacity)."""
-        async with self._grow_lock:
-            while (missing := total_bytes - sum(self.sizes.values())) > 0:
-                await self._add_file(min(self.file_bytes, _round_up(missing)))
 
     # ----------------------------------------------------------------- extents
     async def allocate(self, size_bytes: int) -> int:
@@ -127,7 +138,7 @@ class ExtentSpace:
         async with self._grow_lock:
             address = self._allocator.allocate(size_bytes)  # someone may have grown meanwhile
             if address is None:
-                await self._add_file(max(self.file_bytes, size_bytes))
+                await self._grow(size_bytes)
                 address = self._allocator.allocate(size_bytes)
                 assert address is not None
             return address
@@ -191,18 +202,45 @@ class ExtentSpace:
         if size > 0:
             self._allocator.free(self.address_of(index, offset), size)
 
+    async def _grow(self, size_bytes: int) -> None:
+        """Take room for an extent of ``size_bytes`` from the filesystem: extend the last file
+        when the extent fits there (with the free tail it may already have), else add a file."""
+        last = max(self.sizes, default=None)
+        if last is not None and self.sizes[last] < self.file_bytes:
+            end = self.sizes[last]
+            missing = size_bytes - self._allocator.free_bytes_before(self.address_of(last, end))
+            if end + missing <= self.file_bytes:
+                await self._extend_file(
+                    last, min(self.file_bytes, end + max(missing, self.grow_bytes))
+                )
+                return
+        await self._add_file(max(self.grow_bytes, size_bytes))
+
+    async def _extend_file(self, index: int, size_bytes: int) -> None:
+        """Preallocate file ``index`` up to ``size_bytes``, make that durable, free the new part.
+
+        A failure leaves the part unused; whatever of it reached the disk is adopted as free
+        space when the tier is next opened (no record can be there)."""
+        file, old_bytes = self.files[index], self.sizes[index]
+        await self.engine.preallocate(file, old_bytes, size_bytes - old_bytes)
+        await self.engine.fsync(file)  # the new size (and the extents under it) is durable
+        self.sizes[index] = size_bytes
+        self._free_part(index, old_bytes, size_bytes - old_bytes)
+
     async def _add_file(self, size_bytes: int) -> None:
-        """Create, preallocate and make durable one more extent file, then free its space."""
+        """Create, preallocate and make durable one more extent file, then free its space
+        (``size_bytes`` 0: an empty file, to grow later)."""
         index = max(self.files, default=-1) + 1
-        if index >= _MAX_FILES or size_bytes >= FILE_STRIDE_BYTES:
+        if index >= MAX_EXTENT_FILES or size_bytes >= FILE_STRIDE_BYTES:
             raise InvalidArgumentError(f"extent space exhausted: file {index} of {size_bytes}")
         path = self._path(index)
         env = self.engine.env
         file = None
         try:
             file = await self.engine.open(path, write=True, create=True, direct=self.direct)
-            await self.engine.preallocate(file, 0, size_bytes)
-            await self.engine.fsync(file)  # the new size (and the extents under it) is durable
+            if size_bytes:
+                await self.engine.preallocate(file, 0, size_bytes)
+                await self.engine.fsync(file)  # the new size (and the extents under it) is durable
             await asyncio.to_thread(fsync_directory, env, self.directory)  # and its name
         except BaseException:
             if file is not None:
@@ -214,7 +252,3 @@ class ExtentSpace:
         self.files[index] = file
         self.sizes[index] = size_bytes
         self._free_part(index, 0, size_bytes)
-
-
-def _round_up(size_bytes: int) -> int:
-    return -(-size_bytes // RECORD_ALIGNMENT_BYTES) * RECORD_ALIGNMENT_BYTES

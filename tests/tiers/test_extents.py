@@ -55,3 +55,15 @@ def test_best_class_first_keeps_big_holes() -> None:
     assert (a, b, c) == (0, 4096, 8192)
     allocator.free(b, 4096)  # a one-page hole between two live extents
     assert allocator.allocate(4096) == b  # the small hole serves the small request
+
+
+def test_an_arena_can_start_empty_and_grow_by_frees() -> None:
+    allocator = ExtentAllocator(1 << 40, 4096, all_free=False)
+    assert allocator.free_bytes == 0 and allocator.allocate(4096) is None
+    allocator.free(0, 8192)  # the first part of the backing exists
+    assert allocator.allocate(4096) == 0
+    assert allocator.free_bytes_before(8192) == 4096  # the free tail a grower can extend
+    allocator.free(8192, 8192)  # more backing: merges with that tail
+    assert allocator.free_bytes_before(16384) == 12288 and allocator.free_bytes_before(8192) == 0
+    assert allocator.allocate(12288) == 4096
+    assert allocator.free_bytes == 0 and allocator.free_bytes_before(16384) == 0

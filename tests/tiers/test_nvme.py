@@ -137,28 +137,59 @@ def test_a_flipped_byte_raises_corruption(tmp_path: Path, where: str) -> None:
 
 
 def test_holes_are_reused_so_files_do_not_grow(tmp_path: Path) -> None:
-    async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, extent_file_bytes=256 * 1024)
-        before = tier.stats()
-        assert before["extent_files"] == 4 and before["extent_file_bytes"] == 1 << 20
-        rng = np.random.default_rng(3)
-        live: list[str] = []
+    async def churn(tier: NvmeTier, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        live = [key for key in sorted(tier.keys()) if key != "same"]
         for step in range(300):
             if len(live) > 8 or (live and rng.random() < 0.4):
                 await tier.delete(live.pop(int(rng.integers(len(live)))))
             else:
-                live.append(f"k{step}")
+                live.append(f"k{seed}-{step}")
                 await tier.put(live[-1], _data(int(rng.integers(0, 90_000)), step))
         for _ in range(50):  # overwriting one key in place-sized steps
             await tier.put("same", _data(200_000, 1))
+
+    async def main() -> None:
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, extent_file_bytes=256 * 1024)
+        await churn(tier, 3)
+        grown = tier.stats()
+        assert grown["extent_files"] <= 4 and grown["extent_file_bytes"] <= 1 << 20
+        await churn(tier, 4)  # the same load again finds room in the holes it leaves
         after = tier.stats()
-        assert after["extent_files"] == 4 and after["extent_file_bytes"] == 1 << 20
+        assert after["extent_files"] == grown["extent_files"]
+        assert after["extent_file_bytes"] == grown["extent_file_bytes"]
         assert_space_consistent(tier)
         await tier.aclose()
 
     _run(main)
     sizes = {path.name: path.stat().st_size for path in tmp_path.glob("extents-*")}
-    assert sizes == {f"extents-0000{i}.dat": 256 * 1024 for i in range(4)}
+    assert set(sizes.values()) == {256 * 1024}
+
+
+def test_disk_space_is_taken_as_records_need_it(tmp_path: Path) -> None:
+    """A tier far larger than the disk's free space opens at once, costs no space until records
+    come, then grows in steps of at most 64 MiB: never all at once."""
+
+    def disk_bytes() -> int:
+        return sum(path.stat().st_blocks * 512 for path in tmp_path.glob("extents-*"))
+
+    value = _data(3 << 20, 1)
+
+    async def main() -> None:
+        tier = await NvmeTier.open("nvme", 1 << 40, tmp_path)  # 1 TiB
+        assert disk_bytes() == 0 and tier.stats()["extent_file_bytes"] == 0
+        for i in range(25):  # 75 MiB: more than one growth step
+            await tier.put(f"k{i}", value)
+        used = disk_bytes()
+        assert 75 << 20 < tier.stats()["extent_file_bytes"] <= used <= 129 << 20
+        await tier.aclose()
+        tier = await NvmeTier.open("nvme", 1 << 40, tmp_path)  # reopened: the room is reused
+        await tier.put("more", value)
+        assert disk_bytes() == used and as_bytes(await tier.get("k24")) == value
+        assert_space_consistent(tier)
+        await tier.aclose()
+
+    _run(main)
 
 
 @pytest.mark.parametrize("fault", ["enospc", "eio_write", "eio_fsync"])
@@ -231,11 +262,13 @@ class _FullDiskEnv(Env):
 def test_no_space_for_a_new_extent_file(tmp_path: Path) -> None:
     async def main() -> None:
         engine = ThreadEngine(4, env=_FullDiskEnv(0))
-        with pytest.raises(NoSpaceError):
-            await NvmeTier.open("nvme", 64 * 1024, tmp_path / "a", engine=engine)
-        assert not list((tmp_path / "a").glob("extents-*"))  # the half-made file is gone
+        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "a", engine=engine)
+        with pytest.raises(NoSpaceError):  # opening takes no space; the first record does
+            await tier.put("a", _data(1000, 1))
+        assert tier.size_of("a") is None and tier.stats()["extent_file_bytes"] == 0
+        await tier.aclose()
 
-        engine.env = _FullDiskEnv(1)  # room for the preallocated file, not for growth
+        engine.env = _FullDiskEnv(1)  # room for the first file's growth, not for another
         tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "b", engine=engine)
         await tier.put("a", _data(40_000, 1))
         with pytest.raises(NoSpaceError):  # old and new record together need a second file
