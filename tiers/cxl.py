@@ -27,7 +27,7 @@ from tiers.errors import EngineUnavailableError, InvalidArgumentError, StorageEr
 from tiers.host_arena import HostArenaTier
 from tiers.numa import bind_to_node, cpuless_nodes, pages_on_node
 
-__all__ = ["CXL_ADDED_LATENCY_S", "CXL_BANDWIDTH_BYTES_PER_S", "CxlTier"]
+__all__ = ["CXL_ADDED_LATENCY_S", "CXL_BANDWIDTH_BYTES_PER_S", "CxlTier", "cxl_placement"]
 
 log = logging.getLogger("tierkit.tiers")
 CXL_ADDED_LATENCY_S = 130e-9
@@ -36,6 +36,24 @@ _DRAM_LATENCY_S = 1e-7
 _MIN_WAIT_S = 1e-6  # shorter debts are carried over rather than slept
 _SLEEP_SLACK_S = 200e-6  # time.sleep oversleeps by up to about this; spin the rest
 _CHECKED_PAGES = 4096  # pages sampled to verify placement (move_pages over all is slow)
+
+
+def cxl_placement(node: int | None, emulate: bool | None) -> tuple[int | None, bool]:
+    """(the NUMA node the arena is bound to, or None; whether accesses are emulated) for the
+    arguments of CxlTier: by default the first CPU-less node, emulated where there is none.
+
+    Raises EngineUnavailableError for ``emulate=False`` with no CPU-less node and no ``node``.
+    """
+    cpuless = cpuless_nodes()
+    if node is None and cpuless:
+        node = cpuless[0]
+    if emulate is None:
+        emulate = node not in cpuless
+    elif not emulate and node is None:
+        raise EngineUnavailableError(
+            "cxl", "no CPU-less NUMA node (CXL memory) on this machine; pass emulate=True"
+        )
+    return node, emulate
 
 
 class CxlTier(HostArenaTier):
@@ -53,17 +71,9 @@ class CxlTier(HostArenaTier):
         added_latency_s: float = CXL_ADDED_LATENCY_S,
         bandwidth_bytes_per_s: float = CXL_BANDWIDTH_BYTES_PER_S,
     ) -> None:
-        if added_latency_s < 0 or bandwidth_bytes_per_s <= 0:
+        if not added_latency_s >= 0 or not bandwidth_bytes_per_s > 0:  # NaN fails too
             raise InvalidArgumentError("CXL emulation needs latency >= 0 and bandwidth > 0")
-        cpuless = cpuless_nodes()
-        if node is None and cpuless:
-            node = cpuless[0]
-        if emulate is None:
-            emulate = node not in cpuless
-        elif not emulate and node is None:
-            raise EngineUnavailableError(
-                "cxl", "no CPU-less NUMA node (CXL memory) on this machine; pass emulate=True"
-            )
+        node, emulate = cxl_placement(node, emulate)
         # Set before HostArenaTier.__init__, whose _prepare_arena hook reads them.
         self.node = node
         self.emulated = emulate

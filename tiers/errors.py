@@ -10,10 +10,12 @@ translated once, where they cross into tierkit, by :func:`map_os_errors` or
      +- InvalidArgumentError (ValueError)       bad input, caught before any I/O
      |   +- AlignmentError                      O_DIRECT offset/length/address not aligned
      |   +- DirectIOUnsupportedError            the filesystem refuses O_DIRECT
+     |   +- ConfigError                         a setting that is wrong or cannot fit here
      +- EngineClosedError (RuntimeError)        the engine or file was closed
      +- EngineUnavailableError (RuntimeError)   a backend cannot run here (no io_uring, no CUDA)
      +- StorageError (OSError)                  the OS failed an operation; keeps errno and path
      |   +- NoSpaceError                        ENOSPC / EDQUOT
+     |   +- NoMemoryError                       ENOMEM: a tier's arena cannot be allocated
      |   +- FileMissingError                    ENOENT
      |   +- PermissionDeniedError               EACCES / EPERM / EROFS
      |   +- UnexpectedEOFError                  a read that had to be full ended at EOF
@@ -36,12 +38,14 @@ from collections.abc import Iterator
 __all__ = [
     "AlignmentError",
     "CapacityError",
+    "ConfigError",
     "CorruptionError",
     "DirectIOUnsupportedError",
     "EngineClosedError",
     "EngineUnavailableError",
     "FileMissingError",
     "InvalidArgumentError",
+    "NoMemoryError",
     "NoSpaceError",
     "PermissionDeniedError",
     "StorageError",
@@ -70,6 +74,18 @@ class DirectIOUnsupportedError(InvalidArgumentError):
     def __init__(self, path: str) -> None:
         super().__init__(f"O_DIRECT is not supported by the filesystem holding {path!r}")
         self.path = path
+
+
+class ConfigError(InvalidArgumentError):
+    """A configuration setting that is invalid, or asks for more than this machine has.
+
+    ``where`` names the setting (``tiers[1].write_through``, ``IndexConfig.dim``); the message
+    starts with it.
+    """
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        super().__init__(message if where is None else f"{where}: {message}")
+        self.where = where
 
 
 class EngineClosedError(TierkitError, RuntimeError):
@@ -112,6 +128,16 @@ class NoSpaceError(StorageError):
     """The device or quota is full (ENOSPC, EDQUOT)."""
 
 
+class NoMemoryError(StorageError):
+    """The OS or device could not provide memory (ENOMEM); an arena's error names its tier in
+    the message and has no ``filename``."""
+
+    def __str__(self) -> str:
+        if self.filename is None:
+            return f"[ENOMEM] {self.strerror}"
+        return super().__str__()
+
+
 class FileMissingError(StorageError):
     """The path does not exist (ENOENT)."""
 
@@ -140,6 +166,7 @@ class CapacityError(TierkitError):
 _BY_ERRNO: dict[int, type[StorageError]] = {
     errno_mod.ENOSPC: NoSpaceError,
     errno_mod.EDQUOT: NoSpaceError,
+    errno_mod.ENOMEM: NoMemoryError,
     errno_mod.ENOENT: FileMissingError,
     errno_mod.EACCES: PermissionDeniedError,
     errno_mod.EPERM: PermissionDeniedError,

@@ -10,6 +10,9 @@ constructor, so ``import tiers`` does not need it.
 
 Concurrency: one asyncio loop thread (see Tier). Copies between device tensors are ordered on the
 current CUDA stream; copies to and from host memory return once the host side is done.
+An arena larger than the device's memory is refused before allocating, and an allocation the
+device refuses (out of memory) is a NoMemoryError naming the tier.
+
 Invariants: the arena tensor never changes for the tier's life; results never alias it.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tiers.byte_views import host_bytes, is_tensor, tensor_bytes
-from tiers.errors import EngineUnavailableError
+from tiers.errors import EngineUnavailableError, InvalidArgumentError
 from tiers.memory_tier import ArenaTier
 
 __all__ = ["HbmTier"]
@@ -45,17 +48,35 @@ class HbmTier(ArenaTier):
         self._torch = torch
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidArgumentError(f"hbm tier {name!r}: unknown device {device!r}") from exc
         if self.device.type == "cpu":
             # The same code on the host: model a slower device so placement is not misled.
             self.read_latency_s, self.read_bandwidth_bytes_per_s = 1e-7, 10e9
+        self._check_device_memory()
         try:
             self._arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device)
         except (RuntimeError, AssertionError) as exc:  # OOM, or a torch built without CUDA
+            if _out_of_memory(exc):
+                raise self._no_memory(str(exc).splitlines()[0], str(self.device)) from exc
             raise EngineUnavailableError("hbm", f"cannot allocate the arena: {exc}") from exc
         # On the CPU, host buffers copy through numpy: no torch dispatch per small copy.
         self._host_arena = self._arena.numpy() if self.device.type == "cpu" else None
         self.arena_address: int = self._arena.data_ptr()
+
+    def _check_device_memory(self) -> None:
+        """Refuse an arena larger than the whole CUDA device, before trying to allocate it."""
+        cuda = self._torch.cuda
+        if self.device.type != "cuda" or not cuda.is_available():
+            return  # the host: the configuration checks its memory; torch.empty fails cleanly
+        try:
+            total_bytes = cuda.get_device_properties(self.device).total_memory
+        except (RuntimeError, AssertionError) as exc:
+            raise EngineUnavailableError("hbm", f"no device {self.device}: {exc}") from exc
+        if self.arena_bytes > total_bytes:
+            raise self._no_memory(f"the device has {total_bytes} bytes", str(self.device))
 
     def _from_host(self, array: np.ndarray) -> Any:
         if array.flags.writeable:
@@ -124,3 +145,9 @@ class HbmTier(ArenaTier):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "device": str(self.device)}
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether torch failed for want of memory (CUDA OOM, or the CPU allocator's ENOMEM)."""
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text

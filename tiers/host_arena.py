@@ -4,7 +4,8 @@ The base of DramTier and CxlTier. The arena is viewed as a flat uint8 numpy arra
 (numpy arrays of any dtype, CPU tensors, bytes-likes) move in and out with one ``np.copyto``, and
 tensors on an accelerator with one ``Tensor.copy_`` against a torch view of the same arena (made
 on first use, so torch is imported only by callers that already use it). Subclasses may place or
-pin the mapping before its first touch through ``_prepare_arena``.
+pin the mapping before its first touch through ``_prepare_arena``. A mapping the kernel refuses
+(ENOMEM: more than it will overcommit) is a NoMemoryError naming the tier.
 
 Concurrency: one asyncio loop thread (see Tier); copies are synchronous.
 Invariants: the arena starts on a page boundary and never moves or grows; ``arena_address`` is
@@ -31,7 +32,10 @@ class HostArenaTier(ArenaTier):
 
     def __init__(self, name: str, capacity_bytes: int, *, alignment_bytes: int = 64) -> None:
         super().__init__(name, capacity_bytes, alignment_bytes=alignment_bytes)
-        self._mmap: mmap.mmap | None = mmap.mmap(-1, self.arena_bytes)
+        try:
+            self._mmap: mmap.mmap | None = mmap.mmap(-1, self.arena_bytes)
+        except OSError as exc:
+            raise self._no_memory(exc.strerror or str(exc), "host memory") from exc
         self._arena = np.frombuffer(self._mmap, dtype=U8)
         self.arena_address: int = self._arena.__array_interface__["data"][0]
         self._arena_tensor: Any = None  # torch view of the arena, for device tensors

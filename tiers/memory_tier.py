@@ -14,6 +14,9 @@ refuses a put; and an overwrite that fits only once its old copy is gone drops t
 
 Concurrency: one asyncio loop thread (see Tier). Every copy, compaction included, is synchronous
 and never spans an await, so no coroutine can observe a half-moved or half-written object.
+An arena the OS or device cannot provide is a NoMemoryError naming the tier (``_no_memory``),
+never a bare OSError or RuntimeError.
+
 Invariants: ``used_bytes`` == sum of object sizes <= ``capacity_bytes``; the extents of the
 objects are disjoint and lie inside ``[0, arena_bytes)``; after ``aclose`` every call but
 ``stats`` raises EngineClosedError.
@@ -22,10 +25,11 @@ objects are disjoint and lie inside ``[0, arena_bytes)``; after ``aclose`` every
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Iterator
 from typing import Any
 
-from tiers.errors import CapacityError, EngineClosedError, InvalidArgumentError
+from tiers.errors import CapacityError, EngineClosedError, InvalidArgumentError, NoMemoryError
 from tiers.extents import ExtentAllocator
 from tiers.tier import ByteRange, Tier, check_key, resolve_range
 
@@ -252,6 +256,14 @@ class ArenaTier(Tier):
             fresh.free(offset, size)
         self._extents = fresh
         self.compactions += 1
+
+    def _no_memory(self, reason: str, where: str = "memory") -> NoMemoryError:
+        """The error for an arena that cannot be had, naming this tier and ``reason``."""
+        return NoMemoryError(
+            errno.ENOMEM,
+            f"{self.kind} tier {self.name!r}: cannot allocate its {self.arena_bytes}-byte arena "
+            f"in {where}: {reason}",
+        )
 
     def _check_into_size(self, available_bytes: int, size_bytes: int) -> None:
         if available_bytes < size_bytes:

@@ -15,7 +15,12 @@ from tiers import cxl
 from tiers.buffers import PAGE_SIZE_BYTES
 from tiers.cxl import CxlTier
 from tiers.dram import DramTier
-from tiers.errors import EngineUnavailableError, InvalidArgumentError, StorageError
+from tiers.errors import (
+    EngineUnavailableError,
+    InvalidArgumentError,
+    NoMemoryError,
+    StorageError,
+)
 from tiers.numa import cpuless_nodes, pages_on_node
 from tiers.tier import Tier
 from tiers.tier_testing import TierContract
@@ -149,3 +154,17 @@ def test_real_cpuless_node_holds_every_page() -> None:
         await tier.aclose()
 
     asyncio.run(main())
+
+
+def test_an_arena_the_kernel_refuses_is_a_typed_error_naming_the_tier() -> None:
+    with pytest.raises(NoMemoryError, match="cxl tier 'huge'") as info:
+        CxlTier("huge", 1 << 50, emulate=True)
+    assert info.value.errno == errno.ENOMEM
+
+
+@pytest.mark.parametrize("latency", [float("nan"), -1.0])
+def test_nan_or_negative_emulation_settings_are_refused(latency: float) -> None:
+    with pytest.raises(InvalidArgumentError):
+        CxlTier("cxl", MiB, emulate=True, added_latency_s=latency)
+    with pytest.raises(InvalidArgumentError):
+        CxlTier("cxl", MiB, emulate=True, bandwidth_bytes_per_s=latency)

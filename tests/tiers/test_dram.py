@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import random
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from tiers.errors import (
     EngineClosedError,
     EngineUnavailableError,
     InvalidArgumentError,
+    NoMemoryError,
+    StorageError,
 )
 from tiers.tier import Tier
 from tiers.tier_testing import TierContract
@@ -214,3 +217,10 @@ def test_full_arena_refuses_cleanly_even_when_overwriting_an_empty_object() -> N
         await tier.aclose()
 
     asyncio.run(main())
+
+
+def test_an_arena_the_kernel_refuses_is_a_typed_error_naming_the_tier() -> None:
+    with pytest.raises(NoMemoryError) as info:
+        DramTier("huge", 1 << 50)  # more than any process's address space
+    assert isinstance(info.value, StorageError) and info.value.errno == errno.ENOMEM
+    assert "dram tier 'huge'" in str(info.value) and str(info.value).startswith("[ENOMEM]")
