@@ -52,7 +52,7 @@ from tiers.engine import IOEngine
 from tiers.errors import CapacityError, CorruptionError, EngineClosedError, InvalidArgumentError
 from tiers.nvme_format import RECORD_ALIGNMENT_BYTES, key_hash, record_bytes
 from tiers.nvme_records import RecordIO, writable_view
-from tiers.nvme_space import ExtentSpace, extent_file_name
+from tiers.nvme_space import ExtentSpace, default_file_bytes, extent_file_name
 from tiers.op_guard import OpGuard
 from tiers.tier import ByteRange, Tier, check_key, resolve_range
 from tiers.tier_directory import fsync_directory, lock_directory, unlock_directory
@@ -68,7 +68,8 @@ class NvmeTier(Tier):
         engine: the I/O engine to use (the caller keeps owning it); default: ``create_engine()``,
             owned and closed by the tier.
         extent_file_bytes: size an extent file grows to before the next one starts (capped to
-            the capacity); files grow in steps of at most 64 MiB.
+            the capacity); files grow in steps of at most 64 MiB. Default: 256 MiB, or more for
+            a tier above 64 GiB, so that a full tier has about 256 files open.
         direct: O_DIRECT I/O; where the filesystem refuses it, ``start`` raises
             DirectIOUnsupportedError unless this is False.
     """
@@ -86,12 +87,14 @@ class NvmeTier(Tier):
         *,
         engine: IOEngine | None = None,
         owns_engine: bool | None = None,
-        extent_file_bytes: int = 256 << 20,
+        extent_file_bytes: int | None = None,
         direct: bool = True,
     ) -> None:
         super().__init__(name, capacity_bytes)
-        if extent_file_bytes <= 0:
-            raise InvalidArgumentError(f"extent_file_bytes must be positive: {extent_file_bytes}")
+        if extent_file_bytes is None:
+            extent_file_bytes = default_file_bytes(capacity_bytes)
+        if not isinstance(extent_file_bytes, int) or extent_file_bytes <= 0:
+            raise InvalidArgumentError(f"extent_file_bytes must be positive: {extent_file_bytes!r}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.direct = direct
         self.extent_file_bytes = _round_up(min(extent_file_bytes, capacity_bytes))

@@ -49,6 +49,7 @@ __all__ = [
     "GROW_STEP_BYTES",
     "MAX_EXTENT_FILES",
     "ExtentSpace",
+    "default_file_bytes",
     "extent_file_name",
 ]
 
@@ -57,7 +58,17 @@ MAX_EXTENT_FILES = 1 << 16
 # Space taken per growth: one fallocate + fsync per 64 MiB written is noise next to the writes,
 # and a tier holds at most this much more disk than its records need.
 GROW_STEP_BYTES = 64 << 20
+_DEFAULT_FILE_BYTES = 256 << 20
+_DEFAULT_FILES = 256  # a full tier's files by default: each holds a descriptor while open
 _FILE_NAME = re.compile(r"^extents-(\d{5,})\.dat$")
+
+
+def default_file_bytes(capacity_bytes: int) -> int:
+    """The extent file size of a tier that asks for none: 256 MiB, or more, so that a full tier
+    needs about 256 files. Files grow as they fill, so a large one costs nothing up front."""
+    wanted = -(-capacity_bytes // _DEFAULT_FILES)
+    wanted = -(-wanted // RECORD_ALIGNMENT_BYTES) * RECORD_ALIGNMENT_BYTES
+    return min(max(_DEFAULT_FILE_BYTES, wanted), FILE_STRIDE_BYTES - RECORD_ALIGNMENT_BYTES)
 
 
 def extent_file_name(index: int) -> str:
