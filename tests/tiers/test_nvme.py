@@ -486,3 +486,20 @@ def test_stats_count_what_happened(tmp_path: Path) -> None:
         await tier.aclose()
 
     _run(main)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "file_bytes"),
+    [
+        (1 << 20, 1 << 20),
+        (8 << 30, 256 << 20),
+        (1 << 40, 4 << 30),
+        ((1 << 40) + 1, (4 << 30) + 4096),
+    ],
+)
+def test_default_extent_files_keep_a_full_tier_to_about_256(capacity: int, file_bytes: int) -> None:
+    tier = NvmeTier("nvme", capacity, "/nonexistent")  # not started: nothing touched
+    assert tier.extent_file_bytes == file_bytes
+    assert -(-capacity // tier.extent_file_bytes) <= 256
+    with pytest.raises(InvalidArgumentError):
+        NvmeTier("nvme", capacity, "/nonexistent", extent_file_bytes="big")  # type: ignore[arg-type]
