@@ -11,23 +11,63 @@ fastest at recall@10 0.9 on debian-minilm among 2/4/8 replicas and closures 1.25
 replica of a vector deep inside its own list costs bytes for no recall. One knob trades recall for
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read;
 by default ``default_postings(heads)``, 8 for up to 5,000 heads and more for bigger indexes).
+
+Every field is checked for type and range when a config is made (tiers.config_checks: an int is
+an int, never a bool, a float or a string; a boolean is a bool; NaN is refused), and normalised
+(numpy integers become ints, so a config always serialises). A mistake is an IndexConfigError,
+a ConfigError and InvalidArgumentError too, whose ``where`` and message name the field
+(``IndexConfig.dim: expected an integer >= 1, got 0``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tiers.config_checks import Check, boolean, choice, integer, number, optional
 from vectordb.errors import IndexConfigError
 from vectordb.metric import Metric
 
 __all__ = ["DTYPES", "IndexConfig", "SearchParams"]
 
 DTYPES = ("float32", "float16", "uint8")  # how vectors are stored in posting lists
+_FINITE = sys.float_info.max
+
+
+def _metric(value: Any, where: str, error: type[IndexConfigError] = IndexConfigError) -> Metric:
+    if isinstance(value, str) and value in {m.value for m in Metric}:
+        return Metric(value)
+    raise error(f"unknown {value!r}; choose from {[m.value for m in Metric]}", where)
+
+
+_INDEX_FIELDS: dict[str, Check] = {
+    "dim": integer(1),
+    "metric": _metric,
+    "dtype": choice(DTYPES),
+    "head_fraction": number(0.0, 1.0, above_minimum=True),
+    "replica_count": integer(1),
+    "rng_factor": number(0.0, _FINITE, above_minimum=True),
+    "closure": number(1.0),  # inf: no closure rule
+    "candidate_heads": integer(1),
+    "posting_limit": integer(1),
+    "append_reserve": number(0.0, 4.0),
+    "merge_threshold": integer(0),
+    "reassign_neighbours": integer(1),
+    "navigator": choice(("auto", "flat", "hnsw")),
+    "checkpoint_wal_bytes": integer(1),
+    "seed": integer(0),  # numpy's generators take no negative seed
+}
+_SEARCH_FIELDS: dict[str, Check] = {
+    "max_postings": optional(integer(1)),
+    "prune_ratio": number(1.0),  # inf: no pruning
+    "shared_postings": optional(integer(0)),
+    "strict": boolean,
+}
 
 
 @dataclass(frozen=True)
@@ -57,32 +97,23 @@ class IndexConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "metric", Metric(self.metric))
-        except ValueError:
+        _check_fields(self, _INDEX_FIELDS)
+        where = "IndexConfig."
+        if self.dtype == "uint8" and self.metric is Metric.COSINE:
             raise IndexConfigError(
-                f"unknown metric {self.metric!r}; choose from {[m.value for m in Metric]}"
-            ) from None
-        _positive(self, "dim", "replica_count", "candidate_heads", "posting_limit")
-        _positive(self, "reassign_neighbours", "checkpoint_wal_bytes")
-        if self.dtype not in DTYPES:
-            raise IndexConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.dtype == "uint8" and Metric(self.metric) is Metric.COSINE:
-            raise IndexConfigError("cosine normalises vectors: store them as float32 or float16")
-        if not 0.0 < self.head_fraction <= 1.0:
-            raise IndexConfigError(f"head_fraction must be in (0, 1], got {self.head_fraction}")
+                "cosine normalises vectors: store them as float32 or float16", where + "dtype"
+            )
         if self.replica_count > self.candidate_heads:
-            raise IndexConfigError("replica_count cannot exceed candidate_heads")
-        if not 0 <= self.merge_threshold < self.posting_limit // 2:
-            raise IndexConfigError("merge_threshold must be below half the posting_limit")
-        if not self.closure >= 1.0:
-            raise IndexConfigError(f"closure must be >= 1, got {self.closure}")
-        if not 0.0 <= self.append_reserve <= 4.0:
-            raise IndexConfigError(f"append_reserve must be in [0, 4], got {self.append_reserve}")
-        if self.rng_factor <= 0:
-            raise IndexConfigError(f"rng_factor must be positive, got {self.rng_factor}")
-        if self.navigator not in ("auto", "flat", "hnsw"):
-            raise IndexConfigError(f"navigator must be auto, flat or hnsw: {self.navigator!r}")
+            raise IndexConfigError(
+                f"{self.replica_count} exceeds candidate_heads ({self.candidate_heads})",
+                where + "replica_count",
+            )
+        if not self.merge_threshold < self.posting_limit // 2:
+            raise IndexConfigError(
+                f"{self.merge_threshold} is not below half the posting_limit "
+                f"({self.posting_limit})",
+                where + "merge_threshold",
+            )
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
@@ -104,7 +135,9 @@ class IndexConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(values) - known
         if unknown:
-            raise IndexConfigError(f"unknown config keys: {sorted(unknown)}")
+            raise IndexConfigError(
+                f"unknown keys {sorted(map(str, unknown))}; known: {sorted(known)}", "IndexConfig"
+            )
         # an index created before the closure rule existed keeps placing without it
         return cls(**{"closure": float("inf"), **values})
 
@@ -124,17 +157,7 @@ class SearchParams:
     strict: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.strict, bool):
-            raise IndexConfigError(f"strict must be a boolean, got {self.strict!r}")
-        if self.max_postings is not None:
-            _positive(self, "max_postings")
-        if self.prune_ratio < 1.0:
-            raise IndexConfigError(f"prune_ratio must be >= 1, got {self.prune_ratio}")
-        shared = self.shared_postings
-        if shared is not None and (
-            not isinstance(shared, (int, np.integer)) or isinstance(shared, bool) or shared < 0
-        ):
-            raise IndexConfigError(f"shared_postings must be an integer >= 0, got {shared!r}")
+        _check_fields(self, _SEARCH_FIELDS)
 
 
 def default_postings(n_heads: int) -> int:
@@ -146,8 +169,9 @@ def default_postings(n_heads: int) -> int:
     return max(8, round(8 * math.sqrt(max(n_heads, 0) / 5000)))
 
 
-def _positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-            raise IndexConfigError(f"{name} must be a positive integer, got {value!r}")
+def _check_fields(config: object, checks: dict[str, Check]) -> None:
+    """Check every field of a frozen ``config`` and store its normalised value."""
+    for field, check in checks.items():
+        where = f"{type(config).__name__}.{field}"
+        value = check(getattr(config, field), where, IndexConfigError)
+        object.__setattr__(config, field, value)

@@ -6,7 +6,9 @@
      +- InvalidArgumentError (ValueError)
      |   +- InvalidVectorsError            wrong dimension, dtype, shape, NaN/inf; nothing written
      |   +- DuplicateIdError               an id twice in one call, or already in the index
-     |   +- IndexConfigError               a config that cannot work (zero dim, unknown metric)
+     |   +- ConfigError                    a wrong setting (tiers.errors); ``where`` names it
+     |       +- IndexConfigError           an IndexConfig/SearchParams field that cannot work
+     |                                     (zero dim, unknown metric), or an index not to be made
      +- EngineClosedError (RuntimeError)
      |   +- IndexClosedError               the index was closed
      +- CorruptionError                    a posting page, WAL record or metadata fails its check
@@ -19,6 +21,7 @@ exactly as it was.
 from __future__ import annotations
 
 from tiers.errors import (
+    ConfigError,
     CorruptionError,
     EngineClosedError,
     InvalidArgumentError,
@@ -27,6 +30,7 @@ from tiers.errors import (
 )
 
 __all__ = [
+    "ConfigError",
     "CorruptionError",
     "DuplicateIdError",
     "IndexClosedError",
@@ -49,8 +53,9 @@ class DuplicateIdError(InvalidArgumentError):
         self.ids = ids
 
 
-class IndexConfigError(InvalidArgumentError):
-    """An index configuration that cannot work."""
+class IndexConfigError(ConfigError):
+    """An index configuration that cannot work; ``where`` names the field when there is one
+    (``IndexConfig.dim``), so ``except ConfigError`` catches store and index settings alike."""
 
 
 class IndexClosedError(EngineClosedError):
