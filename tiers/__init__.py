@@ -1,7 +1,8 @@
-"""tiers: the async I/O core and (later) the tiered store every tierkit product is built on."""
+"""tiers: the async I/O core and the tiered store every tierkit product is built on."""
 
 from tiers.batch import IOBatch, Op, ReadRequest, WriteRequest
 from tiers.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
+from tiers.config import ConfigError, load_config, open_store
 from tiers.cxl import CxlTier
 from tiers.dram import DramTier
 from tiers.engine import FileHandle, IOEngine
@@ -15,6 +16,7 @@ from tiers.errors import (
     EngineUnavailableError,
     FileMissingError,
     InvalidArgumentError,
+    NoMemoryError,
     NoSpaceError,
     PermissionDeniedError,
     StorageError,
@@ -31,7 +33,9 @@ from tiers.memory_tier import ArenaTier
 from tiers.numa import NumaNode, bind_to_node, cpuless_nodes, numa_nodes, pages_on_node
 from tiers.nvme import NvmeTier
 from tiers.pool import AlignedBufferPool, PooledBuffer
+from tiers.store import TieredStore
 from tiers.threaded import ThreadEngine
+from tiers.tier import Tier
 from tiers.uring import UringEngine
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "ArenaTier",
     "BufferRef",
     "CapacityError",
+    "ConfigError",
     "CorruptionError",
     "CxlTier",
     "DirectIOUnsupportedError",
@@ -59,6 +64,7 @@ __all__ = [
     "IOBatch",
     "IOEngine",
     "InvalidArgumentError",
+    "NoMemoryError",
     "NoSpaceError",
     "NumaNode",
     "NvmeTier",
@@ -69,6 +75,8 @@ __all__ = [
     "ReadRequest",
     "StorageError",
     "ThreadEngine",
+    "Tier",
+    "TieredStore",
     "TierkitError",
     "UnexpectedEOFError",
     "UringEngine",
@@ -79,6 +87,8 @@ __all__ = [
     "cpuless_nodes",
     "create_engine",
     "default_env",
+    "load_config",
     "numa_nodes",
+    "open_store",
     "pages_on_node",
 ]

@@ -1,8 +1,8 @@
 """PageSpace: the pages of ``postings.dat``, handed out as contiguous runs and reused.
 
 The file grows by preallocated chunks (``IOEngine.preallocate``). Free runs come from one
-ExtentAllocator counted in pages (created over a huge arena, wholly allocated, then the part
-inside the file freed, so growing the file is one more ``free``).
+ExtentAllocator counted in pages, over a huge arena of which nothing is free until the file
+holds it (``all_free=False``): growing the file is one more ``free``.
 
 Crash safety rests on one rule: a run freed since the last checkpoint is not reused until the
 next checkpoint has committed (``release_pending``), because the last checkpoint may still point
@@ -34,9 +34,7 @@ class PageSpace:
         self.engine = engine
         self.file = file
         self.file_pages = 0
-        self._allocator = ExtentAllocator(_ARENA_PAGES, 1)
-        if self._allocator.allocate(_ARENA_PAGES) != 0:
-            raise AssertionError("a fresh allocator must start at 0")
+        self._allocator = ExtentAllocator(_ARENA_PAGES, 1, all_free=False)
         self._pending: list[tuple[int, int]] = []
         self.pending_pages = 0  # in the pending runs
         self._grow_to(file_pages, free=False)

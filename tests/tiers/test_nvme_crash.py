@@ -54,7 +54,7 @@ async def _run_with_cut(directory: Path, seed: int, cut_at: int) -> tuple[dict[s
         tier = await NvmeTier.open(
             "nvme", CAPACITY_BYTES, directory, engine=engine, extent_file_bytes=EXTENT_FILE_BYTES
         )
-    except EngineClosedError:  # the cut came while the extent files were being preallocated
+    except EngineClosedError:  # the cut came while an extent file was being grown
         return acked, engine.batches
 
     async def chain(key: str, ops: list[tuple[str, int]]) -> None:
