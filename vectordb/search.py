@@ -214,9 +214,11 @@ async def _navigate_reading(
     leading queries had their lists read); reads stop once the buffer would overflow."""
     half = int(len(queries) * _FRONT_SHARE)
     search_heads = index.navigator.search
+    # updaters leave the heads alone until the whole batch is navigated: the loop thread
+    # yields between pieces, and a split then would give pieces of different widths
     back = asyncio.wrap_future(index.scorer.submit(search_heads, queries[half:], want + extra))
-    index.head_scans.add(back)  # updaters leave the heads alone until it is done
-    back.add_done_callback(index.head_scans.discard)
+    navigating = asyncio.get_running_loop().create_future()
+    index.head_scans.add(navigating)
     reads = BatchReads(index.store, READ_BUFFER_BYTES)
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     early_queries = 0
@@ -239,6 +241,9 @@ async def _navigate_reading(
         await asyncio.wait([back])
         await reads.finish()
         raise
+    finally:
+        index.head_scans.discard(navigating)
+        navigating.set_result(None)
     return (
         np.concatenate([p for p, _ in parts]),
         np.concatenate([d for _, d in parts]),

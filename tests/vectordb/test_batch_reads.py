@@ -7,6 +7,7 @@ in flight."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from contextlib import aclosing
 from pathlib import Path
@@ -167,6 +168,47 @@ def test_heads_quiet_waits_for_a_running_head_scan() -> None:
         assert not waiter.done()
         scan.set_result(None)
         await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(main())
+
+
+def test_heads_stay_still_until_a_large_batch_is_navigated(tmp_path: Path) -> None:
+    """A batch large enough to read while navigating yields between pieces of its head scan;
+    an updater's heads_quiet must wait for the last piece, not only for the scoring thread's
+    half (a split in between gave pieces of different widths: a ValueError in a search run
+    beside inserts)."""
+    vectors = clustered(3000, 16, seed=31)
+
+    async def main() -> None:
+        config = IndexConfig(dim=16, posting_limit=48)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
+            await index.build(None, vectors)
+            loop_thread = threading.get_ident()
+            pieces: list[int] = []  # head scans on the loop thread, in order
+            first_piece = asyncio.Event()
+            scan = index.navigator.search
+
+            def spy(queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
+                if threading.get_ident() == loop_thread:
+                    pieces.append(len(queries))
+                    first_piece.set()
+                    time.sleep(0.02)  # the scoring thread's half is done well before the last
+                return scan(queries, want)
+
+            index.navigator.search = spy  # type: ignore[method-assign]
+            seen_when_quiet: list[int] = []
+
+            async def updater() -> None:
+                await first_piece.wait()
+                await index.heads_quiet()
+                seen_when_quiet.append(len(pieces))
+
+            await asyncio.wrap_future(index.scorer.submit(int))  # its warm-up is done
+            task = asyncio.create_task(updater())
+            await index.search(vectors[:1024], 5, SearchParams(max_postings=4))
+            await task
+            assert len(pieces) > 1, "the batch was not navigated piece by piece"
+            assert seen_when_quiet == [len(pieces)]
 
     asyncio.run(main())
 
