@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.any_values import ANY_VALUE
 from tiers import config_fit
 from tiers.config import ConfigError, load_config, open_store, parse_size
 from tiers.errors import InvalidArgumentError, NoMemoryError
@@ -306,23 +307,13 @@ def test_any_size_is_a_positive_int_or_a_config_error(value: Any) -> None:
         assert isinstance(size, int) and size > 0
 
 
-_ANY = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(1 << 70), 1 << 70),
-    st.sampled_from([1 << 1100, -(1 << 1100)]),  # beyond any float
-    st.floats(),
-    st.text(max_size=8),
-    st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)
 _KEYS = [where for where, _ in _BAD_VALUES if where != "tiers"]
 
 
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.sampled_from(_KEYS), _ANY)
+@given(st.sampled_from(_KEYS), ANY_VALUE)
 def test_any_value_anywhere_is_accepted_or_named(tmp_path: Path, where: str, value: Any) -> None:
     """Whatever a setting holds, the answer is a config or a ConfigError naming that setting,
     never a TypeError or a ValueError from deep inside."""

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.any_values import ANY_VALUE
 from tiers.errors import ConfigError, InvalidArgumentError
 from vectordb import IndexConfig, IndexConfigError, SearchParams
 
@@ -102,20 +103,11 @@ def test_unknown_keys_list_the_known_ones() -> None:
         IndexConfig.from_dict({"dim": 4, "colour": "red"})
 
 
-_ANY = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(1 << 70), 1 << 70),
-    st.sampled_from([1 << 1100, -(1 << 1100)]),  # beyond any float
-    st.floats(),
-    st.text(max_size=8),
-    st.lists(st.integers(), max_size=2),
-)
 _FIELDS = sorted({(cls, field) for cls, field, _ in _BAD}, key=lambda p: (p[0].__name__, p[1]))
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.sampled_from(_FIELDS), _ANY)
+@given(st.sampled_from(_FIELDS), ANY_VALUE)
 def test_any_value_is_accepted_or_named(field: tuple[type, str], value: Any) -> None:
     """Whatever a field holds, the answer is a config or an error naming that field, never a
     TypeError from a comparison deep inside."""
