@@ -19,7 +19,7 @@ For a batch of queries:
    (default: as many again); of those, the lists the batch (chunk) reads anyway for other
    queries are scored for it too. They cost no I/O, only scoring, and a batch's answers can
    only improve (each query scores a superset of what it would alone; a single query is
-   unchanged). Measured (benchmarks/RESULTS.md, session 6): recall 0.9 at 62% (fashion-mnist)
+   unchanged). Measured (benchmarks/RESULTS.md, git 486506f): recall 0.9 at 62% (fashion-mnist)
    and 74% (debian-minilm) of the bytes read without them;
 4. per group, one compiled pass checks every record's check word and takes the exact dot
    products with the queries that probe its list (dot_kernel, no GIL held); then, vectorised
