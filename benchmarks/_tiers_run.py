@@ -124,7 +124,7 @@ async def _micro(
     shutil.rmtree(tier_dir, ignore_errors=True)
     samples: list[OpSample] = []
     notes: dict[str, Any] = {}
-    tier = await NvmeTier.open("nvme", capacity, tier_dir, engine=engine, direct=True)
+    tier = await NvmeTier.open("nvme", capacity, tier_dir, engine=engine, direct=True, create=True)
     try:
         for r in range(plan.rounds):
             memory, notes = await memory_round(

@@ -85,7 +85,7 @@ def nvme_capacity(work: Workload) -> int:
 
 async def populate(directory: Path, engine: IOEngine, work: Workload) -> float:
     """Write every object to a fresh NvmeTier in ``directory``; returns seconds taken."""
-    tier = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine)
+    tier = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine, create=True)
     payload = np.random.default_rng(5).integers(0, 256, max(ZIPF_SIZES), dtype=np.uint8)
     pending = iter(range(len(work.keys)))
 
@@ -170,7 +170,7 @@ async def _replay(
 async def run_variant(
     variant: str, directory: Path, engine: IOEngine, work: Workload, round_index: int
 ) -> tuple[ZipfSample, dict[str, Any]]:
-    nvme = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine)
+    nvme = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine, create=True)
     cache: Any
     if variant == "plain-lru":
         cache, drain = PlainLru(nvme, work.dram_bytes), None

@@ -46,6 +46,7 @@ async def run_store_demo(
                 "kind": "nvme",
                 "capacity": 2 * objects * object_bytes,
                 "path": os.path.join(directory, "store"),
+                "create": True,
             },
         ],
     }

@@ -13,6 +13,8 @@
     kind = "nvme"
     capacity = "100GiB"
     path = "/data/tierkit"     # a writable directory on a filesystem with O_DIRECT
+    create = true              # make the tier if the path holds none (default false: a
+                               # mistyped path is an error, not a new, empty tier)
     direct = true              # optional
 
 Other per-tier keys: ``name`` (unique; default: the kind); ``device`` (hbm: "cpu", "cuda" or
@@ -45,7 +47,7 @@ from tiers.config_checks import (
     text,
 )
 from tiers.config_fit import check_fit
-from tiers.errors import ConfigError, DirectIOUnsupportedError, NoMemoryError
+from tiers.errors import ConfigError, DirectIOUnsupportedError, FileMissingError, NoMemoryError
 from tiers.factory import ENGINE_KINDS, create_engine
 from tiers.nvme_space import FILE_STRIDE_BYTES
 from tiers.policy import POLICIES
@@ -87,6 +89,7 @@ _TIER_KEYS: dict[str, dict[str, Check]] = {
     },
     "nvme": {
         "path": _path,
+        "create": boolean,
         "direct": boolean,
         "extent_file_bytes": size(4096, FILE_STRIDE_BYTES - 4096),
     },
@@ -96,7 +99,8 @@ _KIND = choice(_TIER_KEYS)
 
 def load_config(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """A validated, normalised copy of ``source`` (a dict, or a path to a TOML file): sizes in
-    bytes, every tier named, NVMe directories created. Raises ConfigError."""
+    bytes, every tier named, NVMe directories created where ``create`` says so. Raises
+    ConfigError."""
     source = _read(source)
     refuse_unknown(source, [*_TOP_LEVEL, "tiers"], None, "the store configuration")
     config = {key: check(source[key], key) for key, check in _TOP_LEVEL.items() if key in source}
@@ -111,7 +115,8 @@ def load_config(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, An
         raise ConfigError("true needs an nvme tier (the persistent one)", "write_through")
     for index, spec in enumerate(specs):
         if spec["kind"] == "nvme":
-            spec["path"] = _writable_directory(spec["path"], f"tiers[{index}].path")
+            where = f"tiers[{index}].path"
+            spec["path"] = _writable_directory(spec["path"], spec.get("create", False), where)
     check_fit(specs)
     return {**config, "tiers": specs}
 
@@ -164,7 +169,10 @@ def _name_tiers(specs: list[dict[str, Any]]) -> None:
             owners[name] = index
 
 
-def _writable_directory(directory: str, where: str) -> str:
+def _writable_directory(directory: str, create: bool, where: str) -> str:
+    if not create and not os.path.isdir(directory):
+        missing = f"no such directory {directory!r} (set create = true to make a tier there)"
+        raise ConfigError(missing, where)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
@@ -192,6 +200,9 @@ async def _build_tier(spec: dict[str, Any], engine_kind: str, where: str) -> Tie
     except DirectIOUnsupportedError as exc:
         await engine.aclose()
         raise ConfigError(f"{exc}; set direct = false to use the page cache", where) from exc
+    except FileMissingError as exc:
+        await engine.aclose()
+        raise ConfigError(exc.strerror or str(exc), f"{where}.path") from exc
     except BaseException:
         await engine.aclose()
         raise

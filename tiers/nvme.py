@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -49,7 +50,13 @@ import numpy as np
 from tiers.buffers import as_buffer
 from tiers.catalog import Catalog, CatalogEntry
 from tiers.engine import IOEngine
-from tiers.errors import CapacityError, CorruptionError, EngineClosedError, InvalidArgumentError
+from tiers.errors import (
+    CapacityError,
+    CorruptionError,
+    EngineClosedError,
+    FileMissingError,
+    InvalidArgumentError,
+)
 from tiers.nvme_format import RECORD_ALIGNMENT_BYTES, key_hash, record_bytes
 from tiers.nvme_records import RecordIO, writable_view
 from tiers.nvme_space import ExtentSpace, default_file_bytes, extent_file_name
@@ -64,7 +71,10 @@ class NvmeTier(Tier):
     """The NVMe tier. Use ``await NvmeTier.open(...)`` (or construct, then ``await start()``).
 
     Args:
-        directory: holds the catalog and extent files; created if missing.
+        directory: holds the catalog and extent files.
+        create: make a new tier when ``directory`` holds none (creating the directory too);
+            False (the default) raises FileMissingError instead, so a mistyped path is an
+            error, not a new, empty tier that makes the user's data look lost.
         engine: the I/O engine to use (the caller keeps owning it); default: ``create_engine()``,
             owned and closed by the tier.
         extent_file_bytes: size an extent file grows to before the next one starts (capped to
@@ -89,6 +99,7 @@ class NvmeTier(Tier):
         owns_engine: bool | None = None,
         extent_file_bytes: int | None = None,
         direct: bool = True,
+        create: bool = False,
     ) -> None:
         super().__init__(name, capacity_bytes)
         if extent_file_bytes is None:
@@ -97,6 +108,7 @@ class NvmeTier(Tier):
             raise InvalidArgumentError(f"extent_file_bytes must be positive: {extent_file_bytes!r}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.direct = direct
+        self.create = create
         self.extent_file_bytes = _round_up(min(extent_file_bytes, capacity_bytes))
         self.engine = engine
         # None: the tier closes the engine only when it made it
@@ -122,15 +134,27 @@ class NvmeTier(Tier):
         return tier
 
     async def start(self) -> None:
-        """Create or reopen the directory: lock it, load the catalog, open the extent files
-        and rebuild the free space from the catalog (no space is preallocated).
+        """Reopen the tier in the directory (or, with ``create``, make one): lock it, load the
+        catalog, open the extent files and rebuild the free space from the catalog (no space is
+        preallocated).
 
-        Raises: PermissionDeniedError / InvalidArgumentError (directory unusable), StorageError
-        (EBUSY: another tier has it open), DirectIOUnsupportedError.
+        Raises: FileMissingError (no tier there and not ``create``), PermissionDeniedError /
+        InvalidArgumentError (directory unusable), StorageError (EBUSY: another tier has it
+        open), DirectIOUnsupportedError.
         """
         if self._state != "new":
             raise InvalidArgumentError(f"tier {self.name!r} was already started")
         self._state = "starting"
+        catalog_path = os.path.join(self.directory, "catalog")
+        exists = await asyncio.to_thread(os.path.isfile, os.path.join(catalog_path, "data.mdb"))
+        if not self.create and not exists:
+            self._state = "closed"
+            raise FileMissingError(
+                errno.ENOENT,
+                f"no NVMe tier in {self.directory!r} (no catalog); check the path, or pass "
+                "create=True (config: create = true) to make a new tier there",
+                self.directory,
+            )
         try:
             self._lock_fd = lock_directory(self.directory)
             if self.engine is None:
@@ -138,7 +162,6 @@ class NvmeTier(Tier):
 
                 self.engine = create_engine()
             self._records = RecordIO(self.engine)
-            catalog_path = os.path.join(self.directory, "catalog")
             self._catalog = Catalog(catalog_path)
             await self._catalog.open()
             # LMDB fsyncs its files, not their names: make catalog/ and its files findable.

@@ -57,7 +57,7 @@ async def _worker(tier: NvmeTier, seed: int, worker: int) -> None:
 
 async def main(directory: str, seed: int) -> None:
     tier = await NvmeTier.open(
-        "nvme", CAPACITY_BYTES, directory, extent_file_bytes=EXTENT_FILE_BYTES
+        "nvme", CAPACITY_BYTES, directory, extent_file_bytes=EXTENT_FILE_BYTES, create=True
     )
     sys.stdout.write("ready\n")
     sys.stdout.flush()

@@ -27,7 +27,7 @@ def _config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
             {"kind": "hbm", "capacity": "64KiB", "device": "cpu"},
             {"kind": "dram", "capacity": "1MiB"},
             {"kind": "cxl", "capacity": "1MiB"},
-            {"kind": "nvme", "capacity": "8MiB", "path": str(tmp_path / "nvme")},
+            {"kind": "nvme", "capacity": "8MiB", "path": str(tmp_path / "nvme"), "create": True},
         ],
     }
     base.update(overrides)
@@ -106,6 +106,7 @@ capacity = "64KiB"
 kind = "nvme"
 capacity = "4MiB"
 path = "{tmp_path / "data"}"
+create = true
 """)
     value = np.arange(50_000, dtype=np.uint8)
 
@@ -154,6 +155,7 @@ def _good(tmp_path: Path) -> dict[str, Any]:
                 "capacity": "8 MiB",
                 "name": "n",
                 "path": str(tmp_path / "nvme"),
+                "create": True,
                 "direct": False,
                 "extent_file_bytes": "1MiB",
             },
@@ -181,6 +183,7 @@ _BAD_VALUES: list[tuple[str, list[Any]]] = [
     ("tiers[2].bandwidth_bytes_per_s", ["fast", 0, -1, _NAN, _INF, "25GB", None]),
     ("tiers[3].path", ["", 3, None]),
     ("tiers[3].direct", ["false", 1, "no"]),
+    ("tiers[3].create", ["yes", 1, "true"]),
     ("tiers[3].extent_file_bytes", ["big", 0, 100, "2TiB", 1.5, True]),
 ]
 _CASES = [(where, value) for where, values in _BAD_VALUES for value in values]
@@ -361,7 +364,12 @@ def test_nvme_capacity_is_bounded_by_the_filesystem_size_not_its_free_space(
     real = filesystem_size(str(tmp_path))
     free_bytes = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     assert real.bytes >= free_bytes
-    nvme = {"kind": "nvme", "capacity": real.bytes + 4096, "path": str(tmp_path / "n")}
+    nvme = {
+        "kind": "nvme",
+        "capacity": real.bytes + 4096,
+        "path": str(tmp_path / "n"),
+        "create": True,
+    }
     with pytest.raises(ConfigError, match="the size of the filesystem") as info:
         load_config({"tiers": [nvme]})
     assert info.value.where == "tiers[0].capacity"
@@ -381,7 +389,9 @@ def test_a_store_far_larger_than_the_free_disk_opens_and_grows(
 ) -> None:
     monkeypatch.setattr(config_fit, "filesystem_size", lambda path: Limit(16 << 40, "fs"))
     directory = tmp_path / "n"
-    config = {"tiers": [{"kind": "nvme", "capacity": "4TiB", "path": str(directory)}]}
+    config = {
+        "tiers": [{"kind": "nvme", "capacity": "4TiB", "path": str(directory), "create": True}]
+    }
 
     def disk_bytes() -> int:
         return sum(path.stat().st_blocks * 512 for path in directory.glob("extents-*"))
@@ -467,3 +477,31 @@ def test_host_memory_is_memtotal_or_a_lower_cgroup_limit(
     size_bytes = expected[0] if isinstance(expected, tuple) else expected
     assert limit.bytes == size_bytes
     assert ("MemTotal" if size_bytes == 8 << 30 else "cgroup") in limit.source
+
+
+def test_a_mistyped_nvme_path_is_an_error_not_a_new_empty_tier(tmp_path: Path) -> None:
+    """Without create = true, a path that is missing, or holds no tier, is refused and nothing
+    is made there; with it, the tier is made, and later opens need no flag."""
+    config = _config(tmp_path)
+    del config["tiers"][3]["create"]
+    with pytest.raises(ConfigError, match=r"tiers\[3\].path: no such directory .*create = true"):
+        load_config(config)
+    assert not (tmp_path / "nvme").exists()
+    (tmp_path / "nvme").mkdir()  # exists, but holds no tier
+
+    async def refused() -> None:
+        with pytest.raises(ConfigError, match=r"tiers\[3\].path: no NVMe tier in .*create"):
+            await open_store(config)
+
+    asyncio.run(refused())
+    assert list((tmp_path / "nvme").iterdir()) == []
+
+    async def made_then_reopened() -> None:
+        made = await open_store({**config, "tiers": [{**config["tiers"][3], "create": True}]})
+        await made.put("k", b"v" * 100)
+        await made.aclose()
+        store = await open_store(config)  # the tier exists now: no flag needed
+        assert as_bytes(await store.get("k")) == b"v" * 100
+        await store.aclose()
+
+    asyncio.run(made_then_reopened())

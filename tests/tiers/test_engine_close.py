@@ -43,7 +43,7 @@ CHILD = textwrap.dedent(
     async def store():
         from tiers.config import open_store
         config = {"engine": kind, "tiers": [
-            {"kind": "nvme", "path": scratch + "/nvme", "capacity": "64MiB"}]}
+            {"kind": "nvme", "path": scratch + "/nvme", "capacity": "64MiB", "create": True}]}
         store = await open_store(config)
         await store.put("k", b"v" * 10000)
         await store.aclose()

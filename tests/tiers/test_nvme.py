@@ -21,6 +21,7 @@ from tiers.errors import (
     CorruptionError,
     DirectIOUnsupportedError,
     EngineClosedError,
+    FileMissingError,
     InvalidArgumentError,
     NoSpaceError,
     PermissionDeniedError,
@@ -38,7 +39,7 @@ T = TypeVar("T")
 
 class TestNvmeTier(TierContract):
     async def make_tier(self, capacity_bytes: int, tmp_path: Path) -> Tier:
-        return await NvmeTier.open("nvme", capacity_bytes, tmp_path / "nvme")
+        return await NvmeTier.open("nvme", capacity_bytes, tmp_path / "nvme", create=True)
 
 
 class TestNvmeTierSmallFilesBuffered(TierContract):
@@ -46,7 +47,12 @@ class TestNvmeTierSmallFilesBuffered(TierContract):
 
     async def make_tier(self, capacity_bytes: int, tmp_path: Path) -> Tier:
         return await NvmeTier.open(
-            "nvme", capacity_bytes, tmp_path / "nvme", extent_file_bytes=32 * 1024, direct=False
+            "nvme",
+            capacity_bytes,
+            tmp_path / "nvme",
+            extent_file_bytes=32 * 1024,
+            direct=False,
+            create=True,
         )
 
 
@@ -81,7 +87,9 @@ def test_reopen_finds_every_object_and_reuses_no_live_extent(tmp_path: Path) -> 
     objects = {f"k{i}": _data((i * 7919) % 70_000, i) for i in range(60)}
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path, extent_file_bytes=1 << 20)
+        tier = await NvmeTier.open(
+            "nvme", 4 << 20, tmp_path, extent_file_bytes=1 << 20, create=True
+        )
         for key, value in objects.items():
             await tier.put(key, value)
         for i in range(0, 60, 3):
@@ -92,7 +100,9 @@ def test_reopen_finds_every_object_and_reuses_no_live_extent(tmp_path: Path) -> 
         used = tier.used_bytes
         await tier.aclose()
 
-        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path, extent_file_bytes=1 << 20)
+        tier = await NvmeTier.open(
+            "nvme", 4 << 20, tmp_path, extent_file_bytes=1 << 20, create=True
+        )
         assert set(tier.keys()) == set(objects) and tier.used_bytes == used
         assert_space_consistent(tier)
         for i in range(40):  # new records must land in holes, never on a live record
@@ -112,7 +122,7 @@ def test_a_flipped_byte_raises_corruption(tmp_path: Path, where: str) -> None:
     value = _data(10_000, 5)
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         await tier.put("victim", value)
         await tier.put("bystander", value[:5000])
         located = tier.locate("victim")
@@ -150,7 +160,9 @@ def test_holes_are_reused_so_files_do_not_grow(tmp_path: Path) -> None:
             await tier.put("same", _data(200_000, 1))
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, extent_file_bytes=256 * 1024)
+        tier = await NvmeTier.open(
+            "nvme", 1 << 20, tmp_path, extent_file_bytes=256 * 1024, create=True
+        )
         await churn(tier, 3)
         grown = tier.stats()
         assert grown["extent_files"] <= 4 and grown["extent_file_bytes"] <= 1 << 20
@@ -176,14 +188,16 @@ def test_disk_space_is_taken_as_records_need_it(tmp_path: Path) -> None:
     value = _data(3 << 20, 1)
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 40, tmp_path)  # 1 TiB
+        tier = await NvmeTier.open("nvme", 1 << 40, tmp_path, create=True)  # 1 TiB
         assert disk_bytes() == 0 and tier.stats()["extent_file_bytes"] == 0
         for i in range(25):  # 75 MiB: more than one growth step
             await tier.put(f"k{i}", value)
         used = disk_bytes()
         assert 75 << 20 < tier.stats()["extent_file_bytes"] <= used <= 129 << 20
         await tier.aclose()
-        tier = await NvmeTier.open("nvme", 1 << 40, tmp_path)  # reopened: the room is reused
+        tier = await NvmeTier.open(
+            "nvme", 1 << 40, tmp_path, create=True
+        )  # reopened: the room is reused
         await tier.put("more", value)
         assert disk_bytes() == used and as_bytes(await tier.get("k24")) == value
         assert_space_consistent(tier)
@@ -196,7 +210,7 @@ def test_disk_space_is_taken_as_records_need_it(tmp_path: Path) -> None:
 def test_a_failed_write_leaves_a_consistent_store(tmp_path: Path, fault: Any) -> None:
     async def main() -> None:
         engine = FaultyEngine(ThreadEngine(4))
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
         await tier.put("a", _data(30_000, 1))
         before = tier.stats()
         for key, size in (("b", 10_000), ("a", 50_000)):  # a new key, then an overwrite
@@ -212,7 +226,7 @@ def test_a_failed_write_leaves_a_consistent_store(tmp_path: Path, fault: Any) ->
         assert_space_consistent(tier)
         await tier.aclose()
         await engine.aclose()
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         assert sorted(tier.keys()) == ["a", "b"]
         assert as_bytes(await tier.get("a")) == _data(30_000, 1)
         await tier.aclose()
@@ -230,7 +244,7 @@ def test_a_failed_catalog_commit_changes_nothing(tmp_path: Path, monkeypatch: An
         real_commit(self, *args)
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         await tier.put("a", _data(30_000, 1))
         monkeypatch.setattr(Catalog, "_commit_sync", commit_or_fail)
         with pytest.raises(NoSpaceError):
@@ -239,7 +253,7 @@ def test_a_failed_catalog_commit_changes_nothing(tmp_path: Path, monkeypatch: An
         assert_space_consistent(tier)
         await tier.put("a", _data(50_000, 2))
         await tier.aclose()
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         assert as_bytes(await tier.get("a")) == _data(50_000, 2)
         await tier.aclose()
 
@@ -262,14 +276,14 @@ class _FullDiskEnv(Env):
 def test_no_space_for_a_new_extent_file(tmp_path: Path) -> None:
     async def main() -> None:
         engine = ThreadEngine(4, env=_FullDiskEnv(0))
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "a", engine=engine)
+        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "a", engine=engine, create=True)
         with pytest.raises(NoSpaceError):  # opening takes no space; the first record does
             await tier.put("a", _data(1000, 1))
         assert tier.size_of("a") is None and tier.stats()["extent_file_bytes"] == 0
         await tier.aclose()
 
         engine.env = _FullDiskEnv(1)  # room for the first file's growth, not for another
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "b", engine=engine)
+        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "b", engine=engine, create=True)
         await tier.put("a", _data(40_000, 1))
         with pytest.raises(NoSpaceError):  # old and new record together need a second file
             await tier.put("a", _data(60_000, 2))
@@ -305,7 +319,7 @@ def test_an_overwrite_does_not_reuse_an_extent_being_read(tmp_path: Path) -> Non
 
     async def main() -> None:
         engine = _GatedReads(ThreadEngine(4))
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
         await tier.put("k", old)
         old_place = tier.locate("k")
         engine.gate.clear()
@@ -329,7 +343,7 @@ def test_concurrent_gets_and_overwrites_of_one_key(tmp_path: Path) -> None:
     values = [_data(1000 + 3000 * i, i) for i in range(12)]
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         await tier.put("k", values[0])
         jobs: list[Awaitable[Any]] = []
         for i, value in enumerate(values[1:], 1):
@@ -350,7 +364,7 @@ def test_concurrent_gets_and_overwrites_of_one_key(tmp_path: Path) -> None:
 
 def test_a_cancelled_put_commits_whole_or_not_at_all(tmp_path: Path) -> None:
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path, create=True)
         for delay in range(12):
             task = asyncio.ensure_future(tier.put(f"k{delay}", _data(100_000, delay)))
             for _ in range(delay):
@@ -359,7 +373,7 @@ def test_a_cancelled_put_commits_whole_or_not_at_all(tmp_path: Path) -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
         await tier.aclose()  # waits for the shielded puts
-        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 4 << 20, tmp_path, create=True)
         for key in sorted(tier.keys()):
             assert as_bytes(await tier.get(key)) == _data(100_000, int(key[1:]))
         assert_space_consistent(tier)
@@ -372,7 +386,9 @@ def test_large_objects_and_chunked_transfers(tmp_path: Path, monkeypatch: Any) -
     big = _data(3 << 20, 7)
 
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 8 << 20, tmp_path, extent_file_bytes=2 << 20)
+        tier = await NvmeTier.open(
+            "nvme", 8 << 20, tmp_path, extent_file_bytes=2 << 20, create=True
+        )
         await tier.put("big", big)  # larger than one extent file: gets a file of its own
         assert as_bytes(await tier.get("big")) == big
         part = await tier.get("big", byte_range=(12345, 1 << 20))  # a copy of a small part
@@ -391,7 +407,7 @@ def test_large_objects_and_chunked_transfers(tmp_path: Path, monkeypatch: Any) -
 def test_damaged_catalog_entries_raise_and_can_be_deleted(tmp_path: Path) -> None:
     async def main() -> None:
         options = {"extent_file_bytes": 16 * 1024}
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path, **options)
+        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path, **options, create=True)
         for i in range(8):
             await tier.put(f"k{i}", _data(7000, i))  # two pages each: two per file
         last_file = tier.locate("k7")
@@ -399,7 +415,7 @@ def test_damaged_catalog_entries_raise_and_can_be_deleted(tmp_path: Path) -> Non
         assert last_file is not None
         os.truncate(last_file[0], 0)  # the file under k6 and k7 loses its contents
 
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path, **options)
+        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path, **options, create=True)
         assert tier.stats()["damaged_entries"] == 2
         for key in ("k6", "k7"):
             with pytest.raises(CorruptionError):
@@ -428,8 +444,10 @@ def test_a_filesystem_without_direct_io(tmp_path: Path) -> None:
     async def main() -> None:
         engine = ThreadEngine(4, env=_NoDirectEnv())
         with pytest.raises(DirectIOUnsupportedError):
-            await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine)
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, direct=False)
+            await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
+        tier = await NvmeTier.open(
+            "nvme", 1 << 20, tmp_path, engine=engine, direct=False, create=True
+        )
         await tier.put("k", b"buffered")
         assert as_bytes(await tier.get("k")) == b"buffered"
         await tier.aclose()
@@ -443,23 +461,23 @@ def test_unusable_directories(tmp_path: Path) -> None:
 
     async def main() -> None:
         with pytest.raises(InvalidArgumentError, match="not a directory"):
-            await NvmeTier.open("nvme", 1 << 20, tmp_path / "file")
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path / "d")
+            await NvmeTier.open("nvme", 1 << 20, tmp_path / "file", create=True)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path / "d", create=True)
         with pytest.raises(StorageError) as info:  # one tier per directory
-            await NvmeTier.open("nvme", 1 << 20, tmp_path / "d")
+            await NvmeTier.open("nvme", 1 << 20, tmp_path / "d", create=True)
         assert info.value.errno == errno.EBUSY
         await tier.aclose()
         if os.geteuid() != 0:  # root ignores directory permissions
             (tmp_path / "ro").mkdir(mode=0o500)
             with pytest.raises(PermissionDeniedError):
-                await NvmeTier.open("nvme", 1 << 20, tmp_path / "ro")
+                await NvmeTier.open("nvme", 1 << 20, tmp_path / "ro", create=True)
 
     _run(main)
 
 
 def test_a_closed_tier_refuses_calls(tmp_path: Path) -> None:
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         await tier.put("k", b"v")
         await tier.aclose()
         await tier.aclose()  # idempotent
@@ -474,7 +492,7 @@ def test_a_closed_tier_refuses_calls(tmp_path: Path) -> None:
 
 def test_stats_count_what_happened(tmp_path: Path) -> None:
     async def main() -> None:
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
         await tier.put("k", _data(5000, 1))
         await tier.get("k")
         await tier.get("missing")
@@ -503,3 +521,26 @@ def test_default_extent_files_keep_a_full_tier_to_about_256(capacity: int, file_
     assert -(-capacity // tier.extent_file_bytes) <= 256
     with pytest.raises(InvalidArgumentError):
         NvmeTier("nvme", capacity, "/nonexistent", extent_file_bytes="big")  # type: ignore[arg-type]
+
+
+def test_opening_a_path_that_holds_no_tier_is_an_error(tmp_path: Path) -> None:
+    """A mistyped path used to become a new, empty tier: the user's data looked lost."""
+
+    async def refused(path: Path) -> None:
+        with pytest.raises(FileMissingError, match="no NVMe tier") as info:
+            await NvmeTier.open("nvme", 1 << 20, path)
+        assert info.value.filename == str(path)
+
+    for path in (tmp_path / "typo", tmp_path):
+        asyncio.run(refused(path))
+    assert not (tmp_path / "typo").exists() and list(tmp_path.iterdir()) == []
+
+    async def made_then_reopened() -> None:
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path / "made", create=True)
+        await tier.put("k", b"x" * 10)
+        await tier.aclose()
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path / "made")  # exists: no flag
+        assert as_bytes(await tier.get("k")) == b"x" * 10
+        await tier.aclose()
+
+    asyncio.run(made_then_reopened())

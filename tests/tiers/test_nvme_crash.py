@@ -52,7 +52,12 @@ async def _run_with_cut(directory: Path, seed: int, cut_at: int) -> tuple[dict[s
     acked: dict[str, bytes] = {}
     try:
         tier = await NvmeTier.open(
-            "nvme", CAPACITY_BYTES, directory, engine=engine, extent_file_bytes=EXTENT_FILE_BYTES
+            "nvme",
+            CAPACITY_BYTES,
+            directory,
+            engine=engine,
+            extent_file_bytes=EXTENT_FILE_BYTES,
+            create=True,
         )
     except EngineClosedError:  # the cut came while an extent file was being grown
         return acked, engine.batches
@@ -78,7 +83,12 @@ async def _run_with_cut(directory: Path, seed: int, cut_at: int) -> tuple[dict[s
 
 async def _verify(directory: Path, expected: dict[str, bytes]) -> None:
     tier = await NvmeTier.open(
-        "nvme", CAPACITY_BYTES, directory, engine=None, extent_file_bytes=EXTENT_FILE_BYTES
+        "nvme",
+        CAPACITY_BYTES,
+        directory,
+        engine=None,
+        extent_file_bytes=EXTENT_FILE_BYTES,
+        create=True,
     )
     try:
         assert set(tier.keys()) == set(expected)
@@ -185,6 +195,7 @@ def test_kill_9_of_a_writer_loses_no_acknowledged_object(tmp_path: Path) -> None
                 writer.CAPACITY_BYTES,
                 directory,
                 extent_file_bytes=writer.EXTENT_FILE_BYTES,
+                create=True,
             )
             try:
                 assert set(tier.keys()) <= set(allowed)

@@ -51,7 +51,7 @@ class StoreMachine(RuleBasedStateMachine):
     async def _open(self) -> TieredStore:
         if not self.with_nvme:
             return await _memory_store(self.policy)
-        nvme = await NvmeTier.open("nvme", 256 * 1024, Path(self.directory.name))
+        nvme = await NvmeTier.open("nvme", 256 * 1024, Path(self.directory.name), create=True)
         tiers = [HbmTier("hbm", 6_000, device="cpu"), DramTier("dram", 12_000), nvme]
         return TieredStore(tiers, self.policy)
 
@@ -216,7 +216,7 @@ def test_concurrent_readers_and_writers_on_one_key(tmp_path: Path) -> None:
     values = [_value(20_000, seed) for seed in range(6)]
 
     async def body() -> None:
-        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path / "nvme")
+        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path / "nvme", create=True)
         store = TieredStore([DramTier("dram", 30_000), nvme], "cost")
         await store.put("k", values[0])
 
@@ -237,7 +237,7 @@ def test_concurrent_readers_and_writers_on_one_key(tmp_path: Path) -> None:
         final = as_bytes(await store.get("k"))
         assert final in values
         await store.aclose()
-        reopened = await NvmeTier.open("nvme", 1 << 20, tmp_path / "nvme")
+        reopened = await NvmeTier.open("nvme", 1 << 20, tmp_path / "nvme", create=True)
         assert as_bytes(await reopened.get("k")) == final  # write-through kept the last put
         await reopened.aclose()
 
@@ -246,7 +246,7 @@ def test_concurrent_readers_and_writers_on_one_key(tmp_path: Path) -> None:
 
 def test_write_back_store_flush_makes_everything_durable(tmp_path: Path) -> None:
     async def body() -> None:
-        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb")
+        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb", create=True)
         store = TieredStore([DramTier("dram", 64_000), nvme], "lru", write_through=False)
         for i in range(4):
             await store.put(f"k{i}", _value(10_000, i))
@@ -255,7 +255,7 @@ def test_write_back_store_flush_makes_everything_durable(tmp_path: Path) -> None
         assert await store.flush() == 4
         assert await store.flush() == 0  # nothing left to write
         await store.aclose()
-        reopened = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb")
+        reopened = await NvmeTier.open("nvme", 1 << 20, tmp_path / "wb", create=True)
         store2 = TieredStore([DramTier("dram", 64_000), reopened], "lru")
         for i in range(4):
             assert as_bytes(await store2.get(f"k{i}")) == _value(10_000, i)
