@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tiers.byte_views import is_tensor
 from tiers.errors import InvalidArgumentError
 
 __all__ = ["PAGE_SIZE_BYTES", "BufferRef", "aligned_empty", "as_buffer"]
@@ -76,7 +77,7 @@ def as_buffer(obj: Any) -> BufferRef:
         return obj
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj)
-    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+    if is_tensor(obj):
         return _from_torch(obj)
     try:
         view = memoryview(obj)

@@ -33,6 +33,7 @@ import numpy as np
 
 from tiers.batch import FSYNC, READ, IOBatch
 from tiers.buffers import BufferRef
+from tiers.byte_views import is_tensor
 from tiers.engine import FileHandle, IOEngine
 from tiers.env import Env
 from tiers.errors import (
@@ -83,7 +84,7 @@ class _DeviceSpan:
 
 def _device_ref(obj: Any) -> BufferRef | None:
     """A BufferRef for a CUDA buffer (so IOBatch accepts it), or None for a host buffer."""
-    is_torch = type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+    is_torch = is_tensor(obj)
     if is_torch and obj.device.type == "cuda":
         if not obj.is_contiguous():
             raise InvalidArgumentError("tensor buffers must be contiguous (call .contiguous())")

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from tiers.buffers import as_buffer
+from tiers.byte_views import is_tensor
 from tiers.catalog import Catalog, CatalogEntry
 from tiers.engine import IOEngine
 from tiers.errors import (
@@ -240,7 +241,7 @@ class NvmeTier(Tier):
         check_key(key)
         self._open_catalog()
         device = getattr(data, "device", None)
-        if type(data).__module__.startswith("torch") and getattr(device, "type", "cpu") != "cpu":
+        if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
             data = data.detach().cpu()  # the host engine stages through host memory
         ref = as_buffer(data)
         payload = np.frombuffer(ref.memoryview(), np.uint8) if ref.size_bytes else _EMPTY

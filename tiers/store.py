@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tiers.buffers import as_buffer
+from tiers.byte_views import is_tensor
 from tiers.errors import CapacityError, InvalidArgumentError
 from tiers.policy import make_policy
 from tiers.store_stats import TierCounters
@@ -44,7 +45,7 @@ class _Entry:
 def _private_copy(data: Any, size_bytes: int) -> Any:
     """The first ``size_bytes`` of ``data`` (the caller's buffer may be larger), copied so the
     caller cannot change them under us: a uint8 numpy array, or a torch tensor on its device."""
-    if hasattr(data, "clone") and hasattr(data, "view"):
+    if is_tensor(data):
         import torch  # only reached with a torch tensor in hand
 
         return data.detach().reshape(-1).view(torch.uint8)[:size_bytes].clone()
@@ -52,7 +53,7 @@ def _private_copy(data: Any, size_bytes: int) -> Any:
 
 
 def _nbytes(data: Any) -> int:
-    if hasattr(data, "element_size") and hasattr(data, "numel"):
+    if is_tensor(data):
         return int(data.numel() * data.element_size())
     return as_buffer(data).size_bytes
 
