@@ -28,8 +28,10 @@ U8 = np.dtype(np.uint8)
 def is_tensor(obj: Any) -> bool:
     """True for a torch tensor, subclasses included: the one test every module here uses. No
     object can be a tensor before torch is imported, so this never imports it."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
+    # torch may be half-imported (another thread is importing it): no Tensor class yet, so no
+    # tensor can exist either
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor_type is not None and isinstance(obj, tensor_type)
 
 
 def tensor_bytes(tensor: Any) -> Any:
