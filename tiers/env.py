@@ -1,6 +1,8 @@
-"""Env: the one seam through which tierkit makes blocking OS calls on files.
+"""Env: the one seam through which tierkit makes blocking OS calls on files and directories.
 
-Engines and tiers never call ``os.*`` file functions directly; they call an :class:`Env`. Tests
+Engines and tiers never call ``os.*`` file functions directly; they call an :class:`Env`: the
+data path, and the namespace too (listing, making and removing names, renaming, the directory
+lock), so an injected fault reaches every call a crash or a full disk could break. Tests
 swap in a subclass that injects faults (short transfers, EIO, ENOSPC, a refused io_uring) to
 reach error paths the real kernel rarely takes. The data path of :class:`~tiers.uring.UringEngine`
 is the kernel ring itself, so only its set-up (``io_uring_setup``) goes through the Env.
@@ -12,6 +14,7 @@ Errors: methods raise plain ``OSError``; callers translate at their boundary wit
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -57,6 +60,21 @@ class Env:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def rename(self, source: str, target: str) -> None:
+        """Atomically replace ``target`` by ``source`` (POSIX rename)."""
+        os.replace(source, target)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def makedirs(self, path: str) -> None:
+        """Create ``path`` and its parents; an existing directory is fine."""
+        os.makedirs(path, exist_ok=True)
+
+    def lock(self, fd: int) -> None:
+        """Take an exclusive, non-blocking flock; BlockingIOError when another owner holds it."""
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def io_uring_setup(self, entries: int, params_address: int) -> int:
         """Create an io_uring instance; returns its fd. Raises OSError (EPERM, ENOSYS, ...)."""

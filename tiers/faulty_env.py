@@ -6,7 +6,9 @@ down paths a healthy kernel rarely takes:
     byte, a whole number of pages on an O_DIRECT descriptor), so an engine's resume loop runs;
   * ``OSError`` EIO from ``preadv``/``pwritev``/``fsync``, ENOSPC from ``pwritev``;
   * ``io_uring_setup`` refused with a chosen errno (e.g. EPERM, as under a seccomp filter), to
-    check that :func:`tiers.factory.create_engine` falls back to the thread engine.
+    check that :func:`tiers.factory.create_engine` falls back to the thread engine;
+  * EIO from the namespace calls (``listdir``, ``makedirs``, ``unlink``, ``rename``), and a
+    directory lock found held by another owner (``lock`` raises BlockingIOError).
 Faults come from one-shot triggers (:meth:`FaultyEnv.fail_next`) first, then from rate knobs
 drawn from a seeded RNG. It only sees what goes through the Env: the data path of UringEngine is
 the kernel ring, so only its set-up can be faulted here (use FaultyEngine for the rest).
@@ -33,7 +35,10 @@ from tiers.errors import InvalidArgumentError
 
 __all__ = ["ENV_FAULT_KINDS", "EnvFaultKind", "FaultyEnv"]
 
-EnvFaultKind = Literal["short_read", "short_write", "eio_read", "eio_write", "enospc", "eio_fsync"]
+EnvFaultKind = Literal[
+    "short_read", "short_write", "eio_read", "eio_write", "enospc", "eio_fsync",
+    "eio_namespace", "lock_held",
+]  # fmt: skip
 ENV_FAULT_KINDS: tuple[str, ...] = (
     "short_read",
     "short_write",
@@ -41,6 +46,8 @@ ENV_FAULT_KINDS: tuple[str, ...] = (
     "eio_write",
     "enospc",
     "eio_fsync",
+    "eio_namespace",
+    "lock_held",
 )
 
 
@@ -82,7 +89,8 @@ class FaultyEnv(Env):
 
     def fail_next(self, kind: EnvFaultKind, count: int = 1) -> None:
         """Make the next ``count`` matching calls fault: "short_read"/"eio_read" hit ``preadv``,
-        "short_write"/"eio_write"/"enospc" hit ``pwritev``, "eio_fsync" hits fsync/fdatasync."""
+        "short_write"/"eio_write"/"enospc" hit ``pwritev``, "eio_fsync" hits fsync/fdatasync,
+        "eio_namespace" hits listdir/makedirs/unlink/rename, "lock_held" hits ``lock``."""
         if kind not in ENV_FAULT_KINDS:
             raise InvalidArgumentError(
                 f"unknown fault kind {kind!r}; choose from {ENV_FAULT_KINDS}"
@@ -111,6 +119,30 @@ class FaultyEnv(Env):
     def fdatasync(self, fd: int) -> None:
         self._raise_if(self._draw(("eio_fsync",), errors=()))
         super().fdatasync(fd)
+
+    # ----------------------------------------------------------------- namespace
+    def listdir(self, path: str) -> list[str]:
+        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        return super().listdir(path)
+
+    def makedirs(self, path: str) -> None:
+        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        super().makedirs(path)
+
+    def unlink(self, path: str) -> None:
+        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        super().unlink(path)
+
+    def rename(self, source: str, target: str) -> None:
+        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        super().rename(source, target)
+
+    def lock(self, fd: int) -> None:
+        if self._draw(("lock_held",), errors=()) is not None:
+            with self._lock:
+                self.injected["lock_held"] += 1
+            raise BlockingIOError(errno.EWOULDBLOCK, os.strerror(errno.EWOULDBLOCK))
+        super().lock(fd)
 
     def io_uring_setup(self, entries: int, params_address: int) -> int:
         if self.io_uring_errno is not None:

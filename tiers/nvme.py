@@ -51,6 +51,7 @@ from tiers.buffers import as_buffer
 from tiers.byte_views import is_tensor
 from tiers.catalog import Catalog, CatalogEntry
 from tiers.engine import IOEngine
+from tiers.env import default_env
 from tiers.errors import (
     CapacityError,
     CorruptionError,
@@ -157,11 +158,11 @@ class NvmeTier(Tier):
                 self.directory,
             )
         try:
-            self._lock_fd = lock_directory(self.directory)
             if self.engine is None:
                 from tiers.factory import create_engine
 
                 self.engine = create_engine()
+            self._lock_fd = lock_directory(self.directory, self.engine.env)
             self._records = RecordIO(self.engine)
             self._catalog = Catalog(catalog_path)
             await self._catalog.open()
@@ -363,7 +364,7 @@ class NvmeTier(Tier):
         if self._records is not None:
             self._records.buffers.clear()
         if self._lock_fd is not None:
-            unlock_directory(self._lock_fd)
+            unlock_directory(self._lock_fd, self.engine.env if self.engine else default_env)
             self._lock_fd = None
 
 

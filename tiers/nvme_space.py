@@ -106,7 +106,7 @@ class ExtentSpace:
         another): their space is left alone, never freed.
         """
         with map_os_errors(self.directory):
-            names = os.listdir(self.directory)
+            names = self.engine.env.listdir(self.directory)
         for name in sorted(names):
             match = _FILE_NAME.match(name)
             if match is None:

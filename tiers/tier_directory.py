@@ -16,17 +16,17 @@ succeeds, in any process.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 
-from tiers.env import Env
+from tiers.env import Env, default_env
 from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
 
 __all__ = ["fsync_directory", "lock_directory", "unlock_directory"]
 
 
-def lock_directory(path: str) -> int:
+def lock_directory(path: str, env: Env = default_env) -> int:
     """Create ``path`` if needed and lock it; returns the descriptor that holds the lock.
+    Every OS call goes through ``env``.
 
     Raises:
         InvalidArgumentError: ``path`` exists and is not a directory.
@@ -35,22 +35,25 @@ def lock_directory(path: str) -> int:
     """
     with map_os_errors(path):
         try:
-            os.makedirs(path, exist_ok=True)
+            env.makedirs(path)
         except FileExistsError:
             raise InvalidArgumentError(f"{path!r} is not a directory") from None
         if not os.path.isdir(path):
             raise InvalidArgumentError(f"{path!r} is not a directory")
-        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = env.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StorageError(errno.EBUSY, "directory is in use by another tier", path) from None
+        env.lock(fd)
+    except OSError as exc:
+        env.close(fd)
+        if isinstance(exc, BlockingIOError):
+            raise StorageError(errno.EBUSY, "directory is in use by another tier", path) from None
+        with map_os_errors(path):
+            raise
     return fd
 
 
-def unlock_directory(fd: int) -> None:
-    os.close(fd)  # closing the last descriptor of the open file description drops the flock
+def unlock_directory(fd: int, env: Env = default_env) -> None:
+    env.close(fd)  # closing the last descriptor of the open file description drops the flock
 
 
 def fsync_directory(env: Env, path: str) -> None:

@@ -80,7 +80,8 @@ async def load_checkpoint(index: SpannIndex) -> None:
     index.next_pid = int(saved.state["next_pid"])
     start_seq = int(saved.state["wal_seq"])
     index.wal.next_lsn = int(saved.state["next_lsn"])
-    segments = [seq for seq in list_segments(index.directory) if seq >= start_seq] or [start_seq]
+    listed = list_segments(index.directory, index.engine.env)
+    segments = [seq for seq in listed if seq >= start_seq] or [start_seq]
     _check_no_segment_missing(index.directory, start_seq, segments)
     valid_bytes = 0
     due_lsn = index.wal.next_lsn  # the log runs on from the checkpoint, one LSN a record

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tiers.engine import FileHandle, IOEngine
+from tiers.env import default_env
 from tiers.errors import EngineClosedError, FileMissingError
 from tiers.factory import create_engine
 from tiers.tier_directory import lock_directory, unlock_directory
@@ -140,19 +141,20 @@ class SpannIndex:
     ) -> SpannIndex:
         if existing and not os.path.isdir(os.path.join(directory, "meta")):  # noqa: ASYNC240
             raise FileMissingError(2, "no vector index here", directory)
-        lock_fd = lock_directory(directory)
+        env = engine.env if engine is not None else default_env
+        lock_fd = lock_directory(directory, env)
         try:
             meta = MetaStore(os.path.join(directory, "meta"))
             checkpoint = meta.read()
         except BaseException:
-            unlock_directory(lock_fd)
+            unlock_directory(lock_fd, env)
             raise
         if existing:
             assert checkpoint is not None
             config = IndexConfig.from_dict(checkpoint.config)
         elif checkpoint is not None:
             meta.close()
-            unlock_directory(lock_fd)
+            unlock_directory(lock_fd, env)
             raise IndexConfigError(f"{directory!r} already holds an index; use SpannIndex.open")
         assert config is not None
         owns = engine is None
@@ -196,7 +198,7 @@ class SpannIndex:
         if getattr(self, "meta", None) is not None:
             self.meta.close()
         if self._lock_fd >= 0:
-            unlock_directory(self._lock_fd)
+            unlock_directory(self._lock_fd, self.engine.env)
             self._lock_fd = -1
 
     async def __aenter__(self) -> SpannIndex:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tiers.engine import FileHandle, IOEngine
+from tiers.env import Env, default_env
 from tiers.errors import CorruptionError, map_os_errors
 from tiers.tier_directory import fsync_directory
 
@@ -161,9 +162,9 @@ def _is_newest(path: str) -> bool:
     return max(list_segments(os.path.dirname(path) or "."), default=-1) <= int(match[1])
 
 
-def list_segments(directory: str) -> list[int]:
+def list_segments(directory: str, env: Env = default_env) -> list[int]:
     with map_os_errors(directory):
-        names = os.listdir(directory)
+        names = env.listdir(directory)
     return sorted(int(m.group(1)) for n in names if (m := _SEGMENT.match(n)))
 
 
@@ -208,10 +209,11 @@ class WriteAheadLog:
             return lsn
 
     def drop_segments_before(self, seq: int) -> None:
-        for old in list_segments(self.directory):
+        env = self.engine.env
+        for old in list_segments(self.directory, env):
             if old < seq:
                 with map_os_errors(self.directory):
-                    os.unlink(os.path.join(self.directory, segment_name(old)))
+                    env.unlink(os.path.join(self.directory, segment_name(old)))
 
     async def _cut(self, file: FileHandle, length_bytes: int) -> None:
         with map_os_errors(file.path):

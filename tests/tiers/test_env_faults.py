@@ -176,3 +176,60 @@ def test_env_faults_leave_other_calls_alone(tmp_path: Path) -> None:
     asyncio.run(main())
     assert path.read_bytes() == b"fine"
     assert not env.injected  # io_uring_setup was never called
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_held_directory_lock_and_a_failed_mkdir_come_through_the_env(tmp_path: Path) -> None:
+    """The directory lock and the tier directory's creation go through the Env: a lock held by
+    another owner is EBUSY, an EIO is a typed error naming the directory, no descriptor leaks,
+    and the next open works."""
+    from tiers import NvmeTier
+
+    env = FaultyEnv()
+
+    async def main() -> None:
+        async with ThreadEngine(2, env=env) as engine:
+            before = _open_fds()
+            for kind, code in (("lock_held", errno.EBUSY), ("eio_namespace", errno.EIO)):
+                env.fail_next(kind)  # type: ignore[arg-type]
+                with pytest.raises(StorageError) as info:
+                    await NvmeTier.open("n", 1 << 20, tmp_path / "t", engine=engine, create=True)
+                assert info.value.errno == code and info.value.filename == str(tmp_path / "t")
+                assert _open_fds() == before
+            tier = await NvmeTier.open("n", 1 << 20, tmp_path / "t", engine=engine, create=True)
+            await tier.put("k", b"v")
+            await tier.aclose()
+        assert env.injected["lock_held"] == 1 and env.injected["eio_namespace"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_failed_log_cleanup_leaves_a_checkpointed_index_whole(tmp_path: Path) -> None:
+    """A checkpoint lists and unlinks old log segments through the Env; EIO there fails the
+    call typed, and the index (checkpoint written, old segment still there) reopens whole."""
+    from vectordb import IndexConfig, SpannIndex
+
+    env = FaultyEnv()
+    vectors = np.random.default_rng(3).normal(size=(300, 8)).astype(np.float32)
+
+    async def main() -> None:
+        async with ThreadEngine(2, env=env) as engine:
+            index = await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8), engine=engine)
+            await index.build(None, vectors)
+            await index.insert(np.array([1000]), vectors[:1] + 1)
+            env.fail_next("eio_namespace")
+            with pytest.raises(StorageError) as info:
+                await index.checkpoint()
+            assert info.value.errno == errno.EIO
+            await index.aclose()
+            reopened = await SpannIndex.open(tmp_path / "i", engine=engine)
+            assert reopened.stats()["n_vectors"] == 301
+            ids, _ = await reopened.search(vectors[:1] + 1, 1)
+            assert ids[0, 0] == 1000
+            await reopened.aclose()
+        assert env.injected["eio_namespace"] == 1
+
+    asyncio.run(main())
