@@ -19,6 +19,8 @@ How the engines hold QD requests in flight (``--drive``):
   cycle through a ring of 4xQD slots per task (a benchmark shortcut: the bytes are not used).
 * ``lanes``: asyncio tasks each looping ``read_batch``/``write_batch`` of QD/lanes requests
   (QD1: 1x1, QD32: 4x8, QD128: 8x16): measures the per-call cost of small batches.
+* ``tasks``: QD asyncio tasks, each awaiting one ``read_into`` (or ``write_from``) of one block
+  at a time, as most callers write it: the engine alone must gather them.
 
 Per round,
 per config, every path runs in turn for the same duration, so device noise hits all alike; the
@@ -132,9 +134,24 @@ async def _engine_lane(
         meter.ios += len(moved)
 
 
+async def _engine_task(
+    engine: IOEngine, file: Any, cfg: Config, offsets: Any, meter: Meter
+) -> None:
+    size = cfg.block_size_bytes
+    slot = _filled_buffer(size)
+    transfer = engine.write_from if cfg.is_write else engine.read_into
+    while not meter.stop:
+        moved = await transfer(file, int(offsets.take()[0]), slot)
+        if moved != size:
+            raise RuntimeError(f"{engine.name}: short transfer {moved} (want {size})")
+        meter.ios += 1
+
+
 async def _run_engine(kind: str, cfg: Config, run: Run, seed: int) -> Window:
     engine_type = UringEngine if kind == "uring" else ThreadEngine
     engine = engine_type(queue_depth=cfg.queue_depth)
+    if run.drive == "tasks":
+        return await _run_engine_tasks(engine, cfg, run, seed)
     stream = run.drive == "stream" and cfg.queue_depth > 1
     lanes, batch = (2, STREAM_BATCH) if stream else (cfg.lanes, cfg.batch_size)
     async with engine:
@@ -143,6 +160,18 @@ async def _run_engine(kind: str, cfg: Config, run: Run, seed: int) -> Window:
         sources = _offset_sources(cfg, run.size_bytes, seed, lanes, batch)
         tasks = [
             asyncio.create_task(_engine_lane(engine, file, cfg, source, meter, batch))
+            for source in sources
+        ]
+        return await measure_window(meter, tasks, run.warmup_s, run.duration_s)
+
+
+async def _run_engine_tasks(engine: IOEngine, cfg: Config, run: Run, seed: int) -> Window:
+    async with engine:
+        file = await engine.open(run.target(cfg), direct=True, write=cfg.is_write)
+        meter = Meter()
+        sources = _offset_sources(cfg, run.size_bytes, seed, cfg.queue_depth, 1)
+        tasks = [
+            asyncio.create_task(_engine_task(engine, file, cfg, source, meter))
             for source in sources
         ]
         return await measure_window(meter, tasks, run.warmup_s, run.duration_s)
@@ -227,7 +256,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--drive",
-        choices=("stream", "lanes"),
+        choices=("stream", "lanes", "tasks"),
         default="stream",
         help="how the engines keep QD in flight (see the module docstring)",
     )

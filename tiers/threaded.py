@@ -3,8 +3,11 @@
 A batch is handed to up to ``queue_depth`` worker threads at once; each worker claims rows from
 the batch's shared cursor and does blocking ``preadv``/``pwritev`` (the GIL is released in the
 syscall) straight into the caller's buffer, so up to ``queue_depth`` requests are in flight
-and a worker takes its next row the moment its last one finishes. One ``call_soon_threadsafe``
-per batch hands the finished batch back to the loop. All OS calls go through the engine's Env.
+and a worker takes its next row the moment its last one finishes. The pool grows with the rows
+outstanding over all batches, not with one batch's size: 32 tasks each awaiting one
+``read_into`` get 32 workers (sized by the batch, they shared one: queue depth 1). One
+``call_soon_threadsafe`` per batch hands the finished batch back to the loop. All OS calls go
+through the engine's Env.
 
 Concurrency: ``_start`` runs in the loop thread; workers touch only the rows they claimed and
 the batch's ``pending`` count (guarded by ``self._lock``). ``itertools.count`` hands out rows
@@ -58,6 +61,7 @@ class ThreadEngine(IOEngine):
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._outstanding_rows = 0  # submitted, not yet done, over all batches (self._lock)
 
     def _start(self, batch: IOBatch) -> None:
         if self._loop is None:
@@ -65,7 +69,10 @@ class ThreadEngine(IOEngine):
         batch.pending = len(batch)
         share = _Share(batch)
         helpers = min(len(batch), self.queue_depth)
-        self._grow_pool(helpers)
+        with self._lock:
+            self._outstanding_rows += len(batch)
+            outstanding = self._outstanding_rows
+        self._grow_pool(min(outstanding, self.queue_depth))
         for _ in range(helpers):
             self._queue.put(share)
 
@@ -92,6 +99,7 @@ class ThreadEngine(IOEngine):
                 continue
             with self._lock:
                 batch.pending -= done
+                self._outstanding_rows -= done
                 finished = batch.pending == 0
             if finished:
                 assert self._loop is not None
