@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 import lmdb
 
 from tiers.errors import CorruptionError, EngineClosedError, map_os_errors
-from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal
+from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
 
 __all__ = ["Catalog", "CatalogEntry"]
 
@@ -258,17 +258,14 @@ class Catalog:
     def _commit_sync(
         self, changes: list[tuple[str, CatalogEntry | None]], next_version: int, entry_count: int
     ) -> None:
+        def write(txn: Any) -> None:
+            for key, entry in changes:
+                raw = key.encode()
+                if entry is None:
+                    txn.delete(raw, db=self._objects)
+                else:
+                    txn.put(raw, seal(raw, entry.pack()), db=self._objects)
+            self._put_meta(txn, next_version, entry_count)
+
         with lmdb_errors(self.data_path):
-            while True:
-                try:
-                    with self._env.begin(write=True) as txn:
-                        for key, entry in changes:
-                            raw = key.encode()
-                            if entry is None:
-                                txn.delete(raw, db=self._objects)
-                            else:
-                                txn.put(raw, seal(raw, entry.pack()), db=self._objects)
-                        self._put_meta(txn, next_version, entry_count)
-                    return
-                except lmdb.MapFullError:  # the map is virtual: double it and retry
-                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            write_growing(self._env, write)

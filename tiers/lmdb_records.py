@@ -20,7 +20,8 @@ import errno
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import lmdb
 from lmdb.verify import VerifyError, verify  # py-lmdb >= 3.0 (pinned): pure Python, uncrashable
@@ -33,7 +34,7 @@ from tiers.errors import (
     map_os_errors,
 )
 
-__all__ = ["check_lmdb_file", "lmdb_errors", "seal", "unseal"]
+__all__ = ["check_lmdb_file", "lmdb_errors", "seal", "unseal", "write_growing"]
 
 _U32 = struct.Struct("<I")
 # LMDB's ways of saying that a file is damaged. Incompatible: a database's flags changed (ours
@@ -90,3 +91,16 @@ def lmdb_errors(path: str) -> Iterator[None]:
         if isinstance(exc, _DAMAGE):
             raise CorruptionError(f"LMDB finds {path} damaged: {exc}", path) from exc
         raise StorageError(errno.EIO, message, path) from exc
+
+
+def write_growing(env: Any, write: Callable[[Any], None]) -> None:
+    """Run ``write(txn)`` in one write transaction of ``env`` and commit it, doubling the map
+    and starting over whenever LMDB finds it full (the map is virtual: the file grows only with
+    its contents). Call inside :func:`lmdb_errors`; one writer at a time, as LMDB requires."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                write(txn)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)

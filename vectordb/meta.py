@@ -37,7 +37,7 @@ import lmdb
 import numpy as np
 
 from tiers.errors import CorruptionError, map_os_errors
-from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal
+from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
 
 __all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore"]
 
@@ -91,13 +91,7 @@ class MetaStore:
             values[b"a:" + name.encode()] = buffer.getvalue()
         values[b"format"] = _FORMAT.pack(META_FORMAT_VERSION, len(values) + 1)
         with lmdb_errors(self.data_path):
-            while True:
-                try:
-                    with self._env.begin(write=True) as txn:
-                        self._replace_all(txn, values)
-                    return
-                except lmdb.MapFullError:  # the map is virtual: double it and retry
-                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            write_growing(self._env, lambda txn: self._replace_all(txn, values))
 
     def close(self) -> None:
         self._env.close()
