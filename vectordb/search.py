@@ -128,7 +128,7 @@ def _prune(metric: Metric, pids: np.ndarray, dist: np.ndarray, ratio: float) -> 
 
 async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
-) -> tuple[np.ndarray, np.ndarray]:
+) -> SearchResult:
     n_queries = len(queries)
     want = params.max_postings or default_postings(index.navigator.n_heads)
     extra = want if params.shared_postings is None else params.shared_postings
