@@ -113,28 +113,28 @@ class FaultyEnv(Env):
         return super().pwritev(fd, self._apply(fault, fd, buffers), offset_bytes)
 
     def fsync(self, fd: int) -> None:
-        self._raise_if(self._draw(("eio_fsync",), errors=()))
+        self._fail_if_armed("eio_fsync")
         super().fsync(fd)
 
     def fdatasync(self, fd: int) -> None:
-        self._raise_if(self._draw(("eio_fsync",), errors=()))
+        self._fail_if_armed("eio_fsync")
         super().fdatasync(fd)
 
     # ----------------------------------------------------------------- namespace
     def listdir(self, path: str) -> list[str]:
-        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        self._fail_if_armed("eio_namespace")
         return super().listdir(path)
 
     def makedirs(self, path: str) -> None:
-        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        self._fail_if_armed("eio_namespace")
         super().makedirs(path)
 
     def unlink(self, path: str) -> None:
-        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        self._fail_if_armed("eio_namespace")
         super().unlink(path)
 
     def rename(self, source: str, target: str) -> None:
-        self._raise_if(self._draw(("eio_namespace",), errors=()))
+        self._fail_if_armed("eio_namespace")
         super().rename(source, target)
 
     def lock(self, fd: int) -> None:
@@ -167,6 +167,10 @@ class FaultyEnv(Env):
             if rate and self._rng.random() < rate:
                 return short
         return None
+
+    def _fail_if_armed(self, kind: str) -> None:
+        """Raise the error of ``kind`` when a call of it is armed (no rate applies to it)."""
+        self._raise_if(self._draw((kind,), errors=()))
 
     def _raise_if(self, kind: str | None) -> None:
         if kind is None:
