@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import tiers
-from tiers.buffers import aligned_empty
+from tiers.io import aligned_empty
 
 KIB = 1024
 MIB = 1024 * KIB

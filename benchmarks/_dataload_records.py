@@ -19,7 +19,7 @@ from _dataload_peers import RecordDataset, torch_loader
 from _fio import ensure_fio, run_fio
 
 from dataload import FixedSizeSource, ShuffledLoader, read_samples
-from tiers.buffers import aligned_empty
+from tiers.io import aligned_empty
 
 RECORD_BYTES = 32 * 1024
 BATCH = 64

@@ -20,12 +20,10 @@ from typing import Any
 import numpy as np
 from _common import KIB, MIB
 
-from tiers.cxl import CxlTier
-from tiers.dram import DramTier
-from tiers.errors import EngineUnavailableError
-from tiers.hbm import HbmTier
+from tiers.io import EngineUnavailableError
+from tiers.memory import CxlTier, DramTier, HbmTier
+from tiers.storage import Tier
 from tiers.store import TieredStore
-from tiers.tier import Tier
 
 SIZES = (4 * KIB, 64 * KIB, MIB, 16 * MIB)
 HIT_OBJECT_BYTES = 64

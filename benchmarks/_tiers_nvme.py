@@ -24,7 +24,7 @@ from _common import KIB, MIB, Config
 from _fio import fio_command, parse_fio_json
 from _tiers_memory import SIZES, OpSample, summarize
 
-from tiers.buffers import aligned_empty
+from tiers.io import aligned_empty
 from tiers.nvme import NvmeTier
 
 QD = 16

@@ -39,9 +39,8 @@ from _tiers_zipf import (
     static_oracle_hit_rate,
 )
 
-from tiers.factory import create_engine
-from tiers.nvme import NvmeTier
-from tiers.nvme_format import record_bytes
+from tiers.io import create_engine
+from tiers.nvme import NvmeTier, record_bytes
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "out"
 

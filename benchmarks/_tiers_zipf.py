@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from _common import KIB, MIB
 
-from tiers.dram import DramTier
-from tiers.engine import IOEngine
+from tiers.io import IOEngine
+from tiers.memory import DramTier
 from tiers.nvme import NvmeTier
 from tiers.store import TieredStore
 

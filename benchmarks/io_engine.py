@@ -74,10 +74,7 @@ from _fio import ensure_fio, run_fio
 from _report import headline, print_report
 from _scratch import remove_at_exit
 
-from tiers.buffers import aligned_empty
-from tiers.engine import IOEngine
-from tiers.threaded import ThreadEngine
-from tiers.uring import UringEngine
+from tiers.io import IOEngine, ThreadEngine, UringEngine, aligned_empty
 
 PATHS = ("fio", "uring", "thread", "aiofiles")
 DEFAULT_DIR = Path(__file__).resolve().parent / "out"

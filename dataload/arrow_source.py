@@ -27,8 +27,7 @@ import pyarrow as pa
 from dataload.errors import SampleError, SampleReadError, SourceFormatError
 from dataload.slabs import SlabPool
 from dataload.source import FileSource, SampleBatch
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
+from tiers.io import FileHandle, InvalidArgumentError, IOEngine, StorageError, map_os_errors
 
 __all__ = ["ArrowSource"]
 

@@ -23,7 +23,7 @@ from torch.utils.data import default_collate
 
 from dataload.errors import TransformError
 from dataload.source import SampleBatch, Source
-from tiers.errors import InvalidArgumentError
+from tiers.io import InvalidArgumentError
 
 __all__ = ["Assembled", "BatchAssembler", "OnError"]
 

@@ -24,9 +24,7 @@ import numpy as np
 from dataload.errors import SampleError, SampleReadError, SourceError
 from dataload.slabs import SlabPool
 from dataload.source import SampleBatch, Source, sample_errors_from
-from tiers.batch import ReadRequest
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import StorageError
+from tiers.io import FileHandle, IOEngine, ReadRequest, StorageError
 
 __all__ = ["DirectorySource"]
 

@@ -1,6 +1,6 @@
 """The loader's errors: each names the source (a path) and, for per-sample failures, the sample.
 
-They extend the tierkit tree in ``tiers.errors``, so ``except TierkitError`` (or the builtin a
+They extend the tierkit tree in ``tiers.io.errors``, so ``except TierkitError`` (or the builtin a
 class also derives from, e.g. ``IndexError``) still catches them::
 
     TierkitError
@@ -18,7 +18,7 @@ loader built with ``on_error="skip"`` drops such samples and counts them; everyt
 
 from __future__ import annotations
 
-from tiers.errors import CorruptionError, InvalidArgumentError, TierkitError
+from tiers.io import CorruptionError, InvalidArgumentError, TierkitError
 
 __all__ = [
     "CorruptSampleError",

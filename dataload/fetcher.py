@@ -27,9 +27,7 @@ import numpy as np
 from dataload.collate import Assembled, BatchAssembler
 from dataload.slabs import SlabPool
 from dataload.source import Source
-from tiers.engine import IOEngine
-from tiers.errors import EngineClosedError
-from tiers.factory import create_engine
+from tiers.io import EngineClosedError, IOEngine, create_engine
 
 __all__ = ["Fetcher"]
 

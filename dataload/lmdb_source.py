@@ -28,8 +28,7 @@ import numpy as np
 from dataload.errors import CorruptSampleError, SampleError, SourceError
 from dataload.slabs import SlabPool
 from dataload.source import SampleBatch, Source
-from tiers.engine import IOEngine
-from tiers.errors import InvalidArgumentError
+from tiers.io import InvalidArgumentError, IOEngine
 
 __all__ = ["LmdbSource", "index_key", "write_lmdb"]
 

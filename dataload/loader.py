@@ -34,8 +34,7 @@ from dataload.fetcher import Fetcher
 from dataload.order import RankPlan, RankRemainder
 from dataload.source import Source
 from dataload.stats import LoaderStats
-from tiers.engine import IOEngine
-from tiers.errors import InvalidArgumentError
+from tiers.io import InvalidArgumentError, IOEngine
 
 __all__ = ["ShuffledLoader"]
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from tiers.errors import InvalidArgumentError
+from tiers.io import InvalidArgumentError
 
 __all__ = ["RankPlan", "RankRemainder", "epoch_order", "rank_slice"]
 

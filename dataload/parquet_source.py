@@ -36,8 +36,7 @@ import pyarrow.parquet as pq
 from dataload.errors import CorruptSampleError, SampleError, SourceFormatError
 from dataload.slabs import SlabPool
 from dataload.source import FileSource, SampleBatch
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
+from tiers.io import FileHandle, InvalidArgumentError, IOEngine, StorageError, map_os_errors
 
 __all__ = ["ParquetSource"]
 

@@ -24,9 +24,14 @@ from dataload.errors import CorruptSampleError, SourceFormatError
 from dataload.record_format import HEADER_SIZE_BYTES, RecordHeader, parse_index
 from dataload.slabs import SlabPool
 from dataload.source import FileSource, SampleBatch, sample_errors_from
-from tiers.buffers import PAGE_SIZE_BYTES
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import InvalidArgumentError, StorageError, map_os_errors
+from tiers.io import (
+    PAGE_SIZE_BYTES,
+    FileHandle,
+    InvalidArgumentError,
+    IOEngine,
+    StorageError,
+    map_os_errors,
+)
 
 __all__ = ["FixedSizeSource", "RecordFileSource"]
 

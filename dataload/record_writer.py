@@ -22,7 +22,7 @@ from dataload.record_format import (
     HEADER_SIZE_BYTES,
     RecordHeader,
 )
-from tiers.errors import EngineClosedError, InvalidArgumentError, map_os_errors
+from tiers.io import EngineClosedError, InvalidArgumentError, map_os_errors
 
 __all__ = ["RecordWriter", "write_records"]
 

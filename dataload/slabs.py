@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from tiers.buffers import PAGE_SIZE_BYTES
+from tiers.io import PAGE_SIZE_BYTES
 
 __all__ = ["SlabPool"]
 

@@ -28,8 +28,7 @@ from dataload.errors import (
     SampleReadError,
 )
 from dataload.slabs import SlabPool
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import StorageError
+from tiers.io import FileHandle, IOEngine, StorageError
 
 __all__ = ["FileSource", "SampleBatch", "Source", "read_samples"]
 
@@ -176,7 +175,7 @@ def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[byt
 
     Raises the first per-sample error instead of returning a partial list.
     """
-    from tiers.factory import create_engine
+    from tiers.io import create_engine
 
     async def run() -> list[bytes | dict]:
         async with create_engine(engine) as io:

@@ -10,7 +10,7 @@ import pytest
 
 @functools.cache
 def _missing_uring() -> str | None:
-    from tiers.uring import UringEngine
+    from tiers.io.uring.engine import UringEngine
 
     return UringEngine.probe()
 

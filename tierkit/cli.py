@@ -43,13 +43,13 @@ DEMO_DESCRIPTION = (
 
 
 def _engines(_: argparse.Namespace) -> int:
-    from tiers.uring import UringEngine
+    from tiers.io import UringEngine
 
     reason = UringEngine.probe()
     print(f"uring : {'available' if reason is None else 'unavailable: ' + reason}")
     print("thread: available (the fallback)")
     try:
-        from tiers.gds import GdsEngine
+        from tiers.io import GdsEngine
 
         GdsEngine(1)
         print("gds   : available")
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:
-        from tiers.errors import TierkitError  # here: --help and refusals never load numpy
+        from tiers.io import TierkitError
 
         if not isinstance(exc, TierkitError | OSError):
             raise

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tierkit.tables import table
-from tiers.config import open_store
+from tiers.store import open_store
 
 __all__ = ["run_store_demo"]
 

@@ -1,50 +1,60 @@
-"""tiers: the async I/O core and the tiered store every tierkit product is built on."""
+"""tiers: the async I/O core and the tiered store every tierkit product is built on.
 
-from tiers.batch import IOBatch, Op, ReadRequest, WriteRequest
-from tiers.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
-from tiers.config import ConfigError, load_config, open_store
-from tiers.cxl import CxlTier
-from tiers.dram import DramTier
-from tiers.engine import FileHandle, IOEngine
-from tiers.env import Env, default_env
-from tiers.errors import (
+Layers, each a subpackage whose ``__all__`` is its public API, each importing only those
+before it::
+
+    tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree
+    tiers.storage   the Tier contract, extent allocator, sealed LMDB records, directory lock
+    tiers.memory    HBM, DRAM and CXL tiers (one arena each), NUMA placement
+    tiers.nvme      the persistent tier: checksummed records in extent files, LMDB catalog
+    tiers.store     TieredStore, eviction policies, configuration (open_store)
+    tiers.testing   contract suites and fault injectors, for tests only
+
+This module re-exports what a user needs; products import from here or from a subpackage,
+never from a module inside one.
+"""
+
+from tiers.io import (
+    ENGINE_KINDS,
+    PAGE_SIZE_BYTES,
+    AlignedBufferPool,
     AlignmentError,
     CapacityError,
+    ConfigError,
     CorruptionError,
     DirectIOUnsupportedError,
     EngineClosedError,
     EngineUnavailableError,
+    Env,
+    FileHandle,
     FileMissingError,
+    GdsEngine,
     InvalidArgumentError,
+    IOEngine,
     NoMemoryError,
     NoSpaceError,
     PermissionDeniedError,
+    ReadRequest,
     StorageError,
+    ThreadEngine,
     TierkitError,
     UnexpectedEOFError,
+    UringEngine,
+    WriteRequest,
+    aligned_empty,
+    create_engine,
+    default_env,
 )
-from tiers.factory import ENGINE_KINDS, create_engine
-from tiers.faulty import FaultyEngine, PowerCutReport
-from tiers.faulty_env import FaultyEnv
-from tiers.gds import GdsEngine
-from tiers.hbm import HbmTier
-from tiers.host_arena import HostArenaTier
-from tiers.memory_tier import ArenaTier
-from tiers.numa import NumaNode, bind_to_node, cpuless_nodes, numa_nodes, pages_on_node
+from tiers.memory import CxlTier, DramTier, HbmTier
 from tiers.nvme import NvmeTier
-from tiers.pool import AlignedBufferPool, PooledBuffer
-from tiers.store import TieredStore
-from tiers.threaded import ThreadEngine
-from tiers.tier import Tier
-from tiers.uring import UringEngine
+from tiers.storage import Tier
+from tiers.store import TieredStore, load_config, open_store
 
 __all__ = [
     "ENGINE_KINDS",
     "PAGE_SIZE_BYTES",
     "AlignedBufferPool",
     "AlignmentError",
-    "ArenaTier",
-    "BufferRef",
     "CapacityError",
     "ConfigError",
     "CorruptionError",
@@ -54,24 +64,16 @@ __all__ = [
     "EngineClosedError",
     "EngineUnavailableError",
     "Env",
-    "FaultyEngine",
-    "FaultyEnv",
     "FileHandle",
     "FileMissingError",
     "GdsEngine",
     "HbmTier",
-    "HostArenaTier",
-    "IOBatch",
     "IOEngine",
     "InvalidArgumentError",
     "NoMemoryError",
     "NoSpaceError",
-    "NumaNode",
     "NvmeTier",
-    "Op",
     "PermissionDeniedError",
-    "PooledBuffer",
-    "PowerCutReport",
     "ReadRequest",
     "StorageError",
     "ThreadEngine",
@@ -82,13 +84,8 @@ __all__ = [
     "UringEngine",
     "WriteRequest",
     "aligned_empty",
-    "as_buffer",
-    "bind_to_node",
-    "cpuless_nodes",
     "create_engine",
     "default_env",
     "load_config",
-    "numa_nodes",
     "open_store",
-    "pages_on_node",
 ]

@@ -21,7 +21,7 @@ from contextlib import aclosing
 
 import numpy as np
 
-from tiers.buffers import aligned_empty
+from tiers.io import aligned_empty
 from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import BRIDGE_BYTES, PostingRead
 from vectordb.posting_store import PostingStore

@@ -18,7 +18,7 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
-from tiers.errors import CorruptionError, FileMissingError
+from tiers.io import CorruptionError, FileMissingError
 from vectordb.meta import Checkpoint
 from vectordb.version_map import VersionMap
 from vectordb.wal import DELETE, list_segments, read_segment, segment_name

@@ -12,11 +12,11 @@ replica of a vector deep inside its own list costs bytes for no recall. One knob
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read;
 by default ``default_postings(heads)``, 8 for up to 5,000 heads and more for bigger indexes).
 
-Every field is checked for type and range when a config is made (tiers.config_checks: an int is
-an int, never a bool, a float or a string; a boolean is a bool; NaN is refused), and normalised
-(numpy integers become ints, so a config always serialises). A mistake is an IndexConfigError,
-a ConfigError and InvalidArgumentError too, whose ``where`` and message name the field
-(``IndexConfig.dim: expected an integer >= 1, got 0``).
+Every field is checked for type and range when a config is made (tiers.storage.config_checks:
+an int is an int, never a bool, a float or a string; a boolean is a bool; NaN is refused), and
+normalised (numpy integers become ints, so a config always serialises). A mistake is an
+IndexConfigError, a ConfigError and InvalidArgumentError too, whose ``where`` and message name the
+field (``IndexConfig.dim: expected an integer >= 1, got 0``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tiers.config_checks import Check, boolean, choice, integer, number, optional
+from tiers.storage import Check, boolean, choice, integer, number, optional
 from vectordb.errors import IndexConfigError
 from vectordb.metric import Metric
 

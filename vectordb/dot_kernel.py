@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from tiers.errors import CorruptionError
+from tiers.io import CorruptionError
 from vectordb.posting_format import CHECK_WORD, check_salts
 
 __all__ = ["VectorSpan", "score_lists", "warm_up"]

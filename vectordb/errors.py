@@ -1,4 +1,4 @@
-"""The errors vectordb adds to the tierkit tree (see tiers.errors for the whole tree).
+"""The errors vectordb adds to the tierkit tree (see tiers.io.errors for the whole tree).
 
 ::
 
@@ -6,7 +6,7 @@
      +- InvalidArgumentError (ValueError)
      |   +- InvalidVectorsError            wrong dimension, dtype, shape, NaN/inf; nothing written
      |   +- DuplicateIdError               an id twice in one call, or already in the index
-     |   +- ConfigError                    a wrong setting (tiers.errors); ``where`` names it
+     |   +- ConfigError                    a wrong setting (tiers.io.errors); ``where`` names it
      |       +- IndexConfigError           an IndexConfig/SearchParams field that cannot work
      |                                     (zero dim, unknown metric), or an index not to be made
      +- EngineClosedError (RuntimeError)
@@ -20,7 +20,7 @@ exactly as it was.
 
 from __future__ import annotations
 
-from tiers.errors import (
+from tiers.io import (
     ConfigError,
     CorruptionError,
     EngineClosedError,

@@ -21,11 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from tiers.engine import FileHandle, IOEngine
-from tiers.env import default_env
-from tiers.errors import EngineClosedError, FileMissingError
-from tiers.factory import create_engine
-from tiers.tier_directory import lock_directory, unlock_directory
+from tiers.io import (
+    EngineClosedError,
+    FileHandle,
+    FileMissingError,
+    IOEngine,
+    create_engine,
+    default_env,
+)
+from tiers.storage import lock_directory, unlock_directory
 from vectordb import dot_kernel, head_scan
 from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import IndexClosedError, IndexConfigError

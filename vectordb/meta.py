@@ -4,8 +4,8 @@ What a checkpoint holds: the config, a small JSON state (counters, the WAL segme
 from, the posting file's size) and named numpy arrays (heads, posting directory, version map).
 A commit is durable (LMDB ``sync=True``) and atomic: a crash leaves the previous checkpoint whole.
 
-Records of the default database, every value *sealed* as in tiers.lmdb_records (its body, then
-``zlib.crc32(key + body)`` as a little-endian u32), so a flipped byte in a key or a value
+Records of the default database, every value *sealed* as in tiers.storage.lmdb_records (its body,
+then ``zlib.crc32(key + body)`` as a little-endian u32), so a flipped byte in a key or a value
 fails the check of its record::
 
     b"format"     "<II": format version (2), number of records in the database (this one too)
@@ -36,8 +36,8 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from tiers.errors import CorruptionError, map_os_errors
-from tiers.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
+from tiers.io import CorruptionError, map_os_errors
+from tiers.storage import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
 
 __all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tiers.engine import FileHandle, IOEngine
-from tiers.extents import ExtentAllocator
+from tiers.io import FileHandle, IOEngine
+from tiers.storage import ExtentAllocator
 from vectordb.posting_format import PAGE_BYTES
 
 __all__ = ["PageSpace"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tiers.errors import CorruptionError
+from tiers.io import CorruptionError
 
 __all__ = [
     "CHECK_WORD",

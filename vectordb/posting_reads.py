@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tiers.buffers import aligned_empty
-from tiers.engine import FileHandle, IOEngine
+from tiers.io import FileHandle, IOEngine, aligned_empty
 from vectordb.dot_kernel import VectorSpan
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16

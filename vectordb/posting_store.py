@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tiers.buffers import aligned_empty
-from tiers.engine import FileHandle, IOEngine
+from tiers.io import FileHandle, IOEngine, aligned_empty
 from vectordb.page_space import PageSpace
 from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype
 from vectordb.posting_reads import PostingRead, bridged_layout

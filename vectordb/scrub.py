@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tiers.buffers import aligned_empty
+from tiers.io import aligned_empty
 from vectordb.batch_reads import in_file_order
 from vectordb.build import posting_capacity
 from vectordb.posting_format import PAGE_BYTES, bad_records

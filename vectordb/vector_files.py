@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tiers.errors import map_os_errors
+from tiers.io import map_os_errors
 from vectordb.errors import InvalidVectorsError
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from tqdm import tqdm
 
-from tiers.errors import InvalidArgumentError, map_os_errors
+from tiers.io import InvalidArgumentError, map_os_errors
 from vectordb.config import IndexConfig
 from vectordb.errors import DuplicateIdError, InvalidVectorsError
 from vectordb.vector_files import (

@@ -42,10 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from tiers.engine import FileHandle, IOEngine
-from tiers.env import Env, default_env
-from tiers.errors import CorruptionError, map_os_errors
-from tiers.tier_directory import fsync_directory
+from tiers.io import CorruptionError, Env, FileHandle, IOEngine, default_env, map_os_errors
+from tiers.storage import fsync_directory
 
 __all__ = ["DELETE", "INSERT", "WalRecord", "WriteAheadLog", "read_segment", "segment_name"]
 

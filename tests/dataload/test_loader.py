@@ -22,7 +22,7 @@ from dataload import (
 )
 from dataload.testing import assert_resumes_exactly
 from tests.dataload.conftest import STAMP_BYTES, ids_of, write_stamped
-from tiers.errors import InvalidArgumentError
+from tiers.io.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataload.order import RankPlan, epoch_order, rank_slice
-from tiers.errors import InvalidArgumentError
+from tiers.io.errors import InvalidArgumentError
 
 
 def test_same_seed_and_epoch_same_order_next_epoch_differs() -> None:

@@ -20,7 +20,7 @@ from dataload import (
     read_samples,
     write_records,
 )
-from tiers.errors import FileMissingError, InvalidArgumentError
+from tiers.io.errors import FileMissingError, InvalidArgumentError
 
 
 @given(

@@ -17,8 +17,8 @@ import pytest
 
 from tests.vectordb.helpers import clustered
 from tests.vectordb.test_posting_store import _Maker, _run_store
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import CorruptionError
+from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.errors import CorruptionError
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.batch_reads import BatchReads
 from vectordb.posting_format import PAGE_BYTES

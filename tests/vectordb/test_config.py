@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.any_values import ANY_VALUE
-from tiers.errors import ConfigError, InvalidArgumentError
+from tiers.io.errors import ConfigError, InvalidArgumentError
 from vectordb import IndexConfig, IndexConfigError, SearchParams
 
 _NAN, _INF = math.nan, math.inf

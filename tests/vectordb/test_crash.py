@@ -18,9 +18,9 @@ import pytest
 
 from tests.vectordb import crash_writer as writer
 from tests.vectordb.helpers import clustered
-from tiers.errors import CorruptionError, EngineClosedError
-from tiers.faulty import PowerCutAt
-from tiers.threaded import ThreadEngine
+from tiers.io.errors import CorruptionError, EngineClosedError
+from tiers.io.threaded import ThreadEngine
+from tiers.testing.faulty_engine import PowerCutAt
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.index import POSTINGS_FILE
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.vectordb.helpers import clustered
-from tiers.errors import CorruptionError
-from tiers.faulty import FaultyEngine
-from tiers.threaded import ThreadEngine
+from tiers.io.errors import CorruptionError
+from tiers.io.threaded import ThreadEngine
+from tiers.testing.faulty_engine import FaultyEngine
 from vectordb import IndexConfig, SpannIndex
 from vectordb.wal import list_segments, read_segment, segment_name
 

@@ -12,7 +12,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from tiers.errors import CorruptionError
+from tiers.io.errors import CorruptionError
 from vectordb.meta import Checkpoint, MetaStore
 
 

@@ -16,8 +16,8 @@ import lmdb
 import numpy as np
 import pytest
 
-from tests.tiers.lmdb_flips import delete_behind_its_back, flipped_copies, node_regions
-from tiers.errors import CorruptionError
+from tests.tiers.storage.lmdb_flips import delete_behind_its_back, flipped_copies, node_regions
+from tiers.io.errors import CorruptionError
 from vectordb.meta import Checkpoint, MetaStore
 
 CONFIG = {"dim": 5, "metric": "cosine", "head_fraction": 0.12}

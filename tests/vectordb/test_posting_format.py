@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiers.errors import CorruptionError
+from tiers.io.errors import CorruptionError
 from vectordb.posting_format import (
     MIX,
     PAGE_BYTES,

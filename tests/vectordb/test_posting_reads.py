@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.vectordb.test_posting_store import REC, _Maker, _run_store
-from tiers.buffers import aligned_empty
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import CorruptionError
+from tiers.io.buffers import aligned_empty
+from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.errors import CorruptionError
 from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import MAX_REQUEST_BYTES, bridged_layout, coalesce
 from vectordb.posting_store import SPARE_LIMIT_BYTES, PostingItem, PostingStore

@@ -25,10 +25,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tiers.buffers import aligned_empty
-from tiers.engine import FileHandle, IOEngine
-from tiers.errors import CorruptionError
-from tiers.factory import create_engine
+from tiers.io.buffers import aligned_empty
+from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.errors import CorruptionError
+from tiers.io.factory import create_engine
 from vectordb.posting_format import PAGE_BYTES, pages_for, record_bytes
 from vectordb.posting_store import PostingItem, PostingStore
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiers.errors import CorruptionError
+from tiers.io.errors import CorruptionError
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.posting_format import PAGE_BYTES
 

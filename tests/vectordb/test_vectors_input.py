@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tiers.errors import FileMissingError, InvalidArgumentError
+from tiers.io.errors import FileMissingError, InvalidArgumentError
 from vectordb.config import IndexConfig
 from vectordb.errors import DuplicateIdError, InvalidVectorsError
 from vectordb.vectors_input import MAX_ID, iter_batches, load_vectors, validate_batch

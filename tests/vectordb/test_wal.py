@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tiers.errors import CorruptionError
-from tiers.factory import create_engine
+from tiers.io.errors import CorruptionError
+from tiers.io.factory import create_engine
 from vectordb.wal import (
     DELETE,
     INSERT,

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import vectordb.widen as widen
-from tiers.engine import FileHandle, IOEngine
-from tiers.factory import create_engine
+from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.factory import create_engine
 from vectordb.posting_store import PostingItem, PostingStore
 
 

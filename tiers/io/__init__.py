@@ -1,0 +1,75 @@
+"""tiers.io: the async I/O core. Engines, caller-owned buffers, the OS seam and the error tree.
+
+Nothing here knows about tiers or objects: an engine reads and writes byte ranges of files into
+buffers the caller owns. ``create_engine`` picks io_uring, else the thread pool.
+"""
+
+from tiers.io.batch import IOBatch, Op, ReadRequest, WriteRequest
+from tiers.io.bounce import BounceBuffers
+from tiers.io.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
+from tiers.io.byte_views import is_tensor
+from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.env import Env, default_env
+from tiers.io.errors import (
+    AlignmentError,
+    CapacityError,
+    ConfigError,
+    CorruptionError,
+    DirectIOUnsupportedError,
+    EngineClosedError,
+    EngineUnavailableError,
+    FileMissingError,
+    InvalidArgumentError,
+    NoMemoryError,
+    NoSpaceError,
+    PermissionDeniedError,
+    StorageError,
+    TierkitError,
+    UnexpectedEOFError,
+    map_os_errors,
+)
+from tiers.io.factory import ENGINE_KINDS, create_engine
+from tiers.io.gds import GdsEngine
+from tiers.io.pool import AlignedBufferPool, PooledBuffer
+from tiers.io.threaded import ThreadEngine
+from tiers.io.uring import UringEngine
+
+__all__ = [
+    "ENGINE_KINDS",
+    "PAGE_SIZE_BYTES",
+    "AlignedBufferPool",
+    "AlignmentError",
+    "BounceBuffers",
+    "BufferRef",
+    "CapacityError",
+    "ConfigError",
+    "CorruptionError",
+    "DirectIOUnsupportedError",
+    "EngineClosedError",
+    "EngineUnavailableError",
+    "Env",
+    "FileHandle",
+    "FileMissingError",
+    "GdsEngine",
+    "IOBatch",
+    "IOEngine",
+    "InvalidArgumentError",
+    "NoMemoryError",
+    "NoSpaceError",
+    "Op",
+    "PermissionDeniedError",
+    "PooledBuffer",
+    "ReadRequest",
+    "StorageError",
+    "ThreadEngine",
+    "TierkitError",
+    "UnexpectedEOFError",
+    "UringEngine",
+    "WriteRequest",
+    "aligned_empty",
+    "as_buffer",
+    "create_engine",
+    "default_env",
+    "is_tensor",
+    "map_os_errors",
+]

@@ -1,0 +1,34 @@
+"""tiers.storage: durable-file primitives every persistent tier and product shares.
+
+The Tier contract, an extent allocator, sealed LMDB records, the directory lock and fsync, the
+bookkeeping of in-flight operations, and the checks that turn settings into ConfigErrors.
+"""
+
+from tiers.storage.config_checks import Check, boolean, choice, integer, number, optional, text
+from tiers.storage.directory import fsync_directory, lock_directory, unlock_directory
+from tiers.storage.extents import ExtentAllocator
+from tiers.storage.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
+from tiers.storage.op_guard import OpGuard
+from tiers.storage.tier import ByteRange, Tier
+
+__all__ = [
+    "ByteRange",
+    "Check",
+    "ExtentAllocator",
+    "OpGuard",
+    "Tier",
+    "boolean",
+    "check_lmdb_file",
+    "choice",
+    "fsync_directory",
+    "integer",
+    "lmdb_errors",
+    "lock_directory",
+    "number",
+    "optional",
+    "seal",
+    "text",
+    "unlock_directory",
+    "unseal",
+    "write_growing",
+]
