@@ -3,7 +3,8 @@
 Layers, each a subpackage whose ``__all__`` is its public API, each importing only those
 before it::
 
-    tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree
+    tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree, and
+                    IORuntime: one engine per loop, executors and buffers every product shares
     tiers.storage   the Tier contract, extent allocator, sealed LMDB records, directory lock
     tiers.memory    HBM, DRAM and CXL tiers (one arena each), NUMA placement
     tiers.nvme      the persistent tier: checksummed records in extent files, LMDB catalog
@@ -31,6 +32,7 @@ from tiers.io import (
     GdsEngine,
     InvalidArgumentError,
     IOEngine,
+    IORuntime,
     NoMemoryError,
     NoSpaceError,
     PermissionDeniedError,
@@ -44,6 +46,7 @@ from tiers.io import (
     aligned_empty,
     create_engine,
     default_env,
+    default_runtime,
 )
 from tiers.memory import CxlTier, DramTier, HbmTier
 from tiers.nvme import NvmeTier
@@ -69,6 +72,7 @@ __all__ = [
     "GdsEngine",
     "HbmTier",
     "IOEngine",
+    "IORuntime",
     "InvalidArgumentError",
     "NoMemoryError",
     "NoSpaceError",
@@ -86,6 +90,7 @@ __all__ = [
     "aligned_empty",
     "create_engine",
     "default_env",
+    "default_runtime",
     "load_config",
     "open_store",
 ]

@@ -10,13 +10,16 @@ merge, reassign), checkpoint.py. This module holds the state they share and the 
 
 Concurrency: one asyncio loop (the I/O engine is bound to it). Searches run concurrently with
 each other and with one updater; updates and checkpoints are serialised by ``update_lock``.
+Machinery comes from an IORuntime (``runtime=``; default: the process's): the engine of the
+caller's loop, shared with every other product on it, and the runtime's CPU executor for
+scoring, so a hundred indexes in one process share one ring and one CPU budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -26,8 +29,9 @@ from tiers.io import (
     FileHandle,
     FileMissingError,
     IOEngine,
-    create_engine,
+    IORuntime,
     default_env,
+    default_runtime,
 )
 from tiers.storage import lock_directory, unlock_directory
 from vectordb import dot_kernel, head_scan
@@ -50,12 +54,12 @@ POSTINGS_FILE = "postings.dat"
 class SpannIndex:
     """Create with :meth:`create`, reopen with :meth:`open`; close with :meth:`aclose`."""
 
-    def __init__(self, directory: str, config: IndexConfig, engine: IOEngine, owns_engine: bool):
+    def __init__(self, directory: str, config: IndexConfig, runtime: IORuntime, engine: IOEngine):
         self.directory = directory
         self.config = config
         self.metric = Metric(config.metric)
-        self.engine = engine
-        self.owns_engine = owns_engine
+        self.runtime = runtime
+        self.engine = engine  # leased from the runtime: released in _release
         self.navigator = Navigator(config.dim, self.metric, config.navigator)
         self.versions = VersionMap()
         self.store: PostingStore
@@ -75,7 +79,6 @@ class SpannIndex:
         self._lock_fd = -1
         self._file: FileHandle | None = None
         self._closed = False
-        self._scorer: ThreadPoolExecutor | None = None
 
     async def heads_quiet(self) -> None:
         """Wait until no head scan runs on another thread: call before changing the heads."""
@@ -83,13 +86,11 @@ class SpannIndex:
             await asyncio.wait(list(self.head_scans))
 
     @property
-    def scorer(self) -> ThreadPoolExecutor:
-        """The one thread that checks and scores read posting lists and scans half the heads
-        of a large batch (search.py), so that work overlaps the loop thread's I/O submission.
-        One thread: a second measured no faster on 2 vCPUs."""
-        if self._scorer is None:
-            self._scorer = ThreadPoolExecutor(1, thread_name_prefix="vectordb-score")
-        return self._scorer
+    def scorer(self) -> Executor:
+        """The runtime's CPU executor: it checks and scores read posting lists and scans half
+        the heads of a large batch (search.py), so that work overlaps the loop thread's I/O
+        submission, within the process's CPU budget."""
+        return self.runtime.cpu
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -98,13 +99,13 @@ class SpannIndex:
         directory: str | os.PathLike[str],
         config: IndexConfig,
         *,
-        engine: IOEngine | None = None,
+        runtime: IORuntime | None = None,
         direct: bool = True,
     ) -> SpannIndex:
         """A new, empty index in ``directory`` (created if missing; must not hold an index)."""
         from vectordb.checkpoint import write_checkpoint
 
-        index = await cls._start(os.fspath(directory), config, engine, direct, existing=False)
+        index = await cls._start(os.fspath(directory), config, runtime, direct, existing=False)
         try:
             await index.wal.start_segment(0)
             await write_checkpoint(index)
@@ -119,13 +120,13 @@ class SpannIndex:
         cls,
         directory: str | os.PathLike[str],
         *,
-        engine: IOEngine | None = None,
+        runtime: IORuntime | None = None,
         direct: bool = True,
     ) -> SpannIndex:
         """Reopen an index: load its checkpoint and replay its write-ahead log."""
         from vectordb.checkpoint import load_checkpoint
 
-        index = await cls._start(os.fspath(directory), None, engine, direct, existing=True)
+        index = await cls._start(os.fspath(directory), None, runtime, direct, existing=True)
         try:
             await load_checkpoint(index)
         except BaseException:
@@ -139,13 +140,14 @@ class SpannIndex:
         cls,
         directory: str,
         config: IndexConfig | None,
-        engine: IOEngine | None,
+        runtime: IORuntime | None,
         direct: bool,
         existing: bool,
     ) -> SpannIndex:
         if existing and not os.path.isdir(os.path.join(directory, "meta")):  # noqa: ASYNC240
             raise FileMissingError(2, "no vector index here", directory)
-        env = engine.env if engine is not None else default_env
+        runtime = runtime or default_runtime()
+        env = runtime.env or default_env
         lock_fd = lock_directory(directory, env)
         try:
             meta = MetaStore(os.path.join(directory, "meta"))
@@ -161,8 +163,7 @@ class SpannIndex:
             unlock_directory(lock_fd, env)
             raise IndexConfigError(f"{directory!r} already holds an index; use SpannIndex.open")
         assert config is not None
-        owns = engine is None
-        index = cls(directory, config, engine or create_engine(), owns)
+        index = cls(directory, config, runtime, runtime.acquire_engine())
         index._lock_fd, index.meta = lock_fd, meta
         try:
             path = os.path.join(directory, POSTINGS_FILE)
@@ -190,15 +191,11 @@ class SpannIndex:
 
     async def _release(self) -> None:
         self._closed = True
-        if self._scorer is not None:
-            self._scorer.shutdown(wait=True)  # searches were awaited: it is idle
-            self._scorer = None
         if not self.engine.closed:
             await self.wal.close()
             if self._file is not None:
                 await self.engine.close_file(self._file)
-            if self.owns_engine:
-                await self.engine.aclose()
+        await self.runtime.release_engine(self.engine)
         if getattr(self, "meta", None) is not None:
             self.meta.close()
         if self._lock_fd >= 0:

@@ -18,8 +18,8 @@ import pytest
 
 from tests.vectordb import crash_writer as writer
 from tests.vectordb.helpers import clustered
+from tiers.io import IORuntime, ThreadEngine
 from tiers.io.errors import CorruptionError, EngineClosedError
-from tiers.io.threaded import ThreadEngine
 from tiers.testing.faulty_engine import PowerCutAt
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.index import POSTINGS_FILE
@@ -70,7 +70,7 @@ def test_power_cut_at_many_points_keeps_every_acknowledged_update(
         engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed)
         acked = 0
         try:
-            index = await SpannIndex.open(directory, engine=engine)
+            index = await SpannIndex.open(directory, runtime=IORuntime(engine=lambda *_: engine))
         except EngineClosedError:
             return acked, engine.batches
         try:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.vectordb.helpers import clustered
+from tiers.io import IORuntime, ThreadEngine
 from tiers.io.errors import CorruptionError
-from tiers.io.threaded import ThreadEngine
 from tiers.testing.faulty_engine import FaultyEngine
 from vectordb import IndexConfig, SpannIndex
 from vectordb.wal import list_segments, read_segment, segment_name
@@ -27,7 +27,8 @@ async def _crash_after_inserts(directory: Path, new_segment_after: int | None = 
     batches after that one go to a new log segment), lose power. Returns the segments, oldest
     first."""
     engine = FaultyEngine(ThreadEngine(2))
-    index = await SpannIndex.create(directory, CONFIG, engine=engine)
+    runtime = IORuntime(engine=lambda *_: engine)
+    index = await SpannIndex.create(directory, CONFIG, runtime=runtime)
     await index.build(np.arange(BUILT), clustered(BUILT, DIM, seed=0))
     for k in range(BATCHES):
         ids = np.arange(BUILT + k * BATCH, BUILT + (k + 1) * BATCH)
@@ -37,6 +38,7 @@ async def _crash_after_inserts(directory: Path, new_segment_after: int | None = 
     await engine.power_cut()
     await index.aclose()  # no checkpoint: the engine is dead
     await engine.aclose()
+    runtime.close()
     return [directory / segment_name(seq) for seq in list_segments(str(directory))]
 
 

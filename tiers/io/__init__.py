@@ -6,6 +6,7 @@ buffers the caller owns. ``create_engine`` picks io_uring, else the thread pool.
 
 from tiers.io.batch import IOBatch, Op, ReadRequest, WriteRequest
 from tiers.io.bounce import BounceBuffers
+from tiers.io.buffer_cache import BufferCache
 from tiers.io.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
 from tiers.io.byte_views import is_tensor
 from tiers.io.engine import FileHandle, IOEngine
@@ -31,6 +32,7 @@ from tiers.io.errors import (
 from tiers.io.factory import ENGINE_KINDS, create_engine
 from tiers.io.gds import GdsEngine
 from tiers.io.pool import AlignedBufferPool, PooledBuffer
+from tiers.io.runtime import IORuntime, default_runtime
 from tiers.io.threaded import ThreadEngine
 from tiers.io.uring import UringEngine
 
@@ -40,6 +42,7 @@ __all__ = [
     "AlignedBufferPool",
     "AlignmentError",
     "BounceBuffers",
+    "BufferCache",
     "BufferRef",
     "CapacityError",
     "ConfigError",
@@ -53,6 +56,7 @@ __all__ = [
     "GdsEngine",
     "IOBatch",
     "IOEngine",
+    "IORuntime",
     "InvalidArgumentError",
     "NoMemoryError",
     "NoSpaceError",
@@ -70,6 +74,7 @@ __all__ = [
     "as_buffer",
     "create_engine",
     "default_env",
+    "default_runtime",
     "is_tensor",
     "map_os_errors",
 ]

@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(
     """
     import asyncio, sys
     import numpy as np
-    from tiers import create_engine, aligned_empty
+    from tiers import IORuntime, create_engine, aligned_empty
 
     kind, how, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -50,13 +50,13 @@ CHILD = textwrap.dedent(
 
     async def index():
         from vectordb import IndexConfig, SpannIndex
-        engine = create_engine(kind)
-        created = await SpannIndex.create(scratch + "/index", IndexConfig(dim=8), engine=engine)
+        runtime = IORuntime(engine=kind)
+        created = await SpannIndex.create(scratch + "/index", IndexConfig(dim=8), runtime=runtime)
         vectors = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32)
         await created.build(None, vectors)
         await created.search(vectors[:5], 3)
         await created.aclose()
-        await engine.aclose()
+        runtime.close()
 
     cases = {"idle": lambda: engine_only(False), "io": lambda: engine_only(True),
              "store": store, "index": index}
