@@ -34,7 +34,7 @@ from dataload.fetcher import Fetcher
 from dataload.order import RankPlan, RankRemainder
 from dataload.source import Source
 from dataload.stats import LoaderStats
-from tiers.io import InvalidArgumentError, IOEngine
+from tiers.io import InvalidArgumentError, IOEngine, IORuntime, default_runtime
 
 __all__ = ["ShuffledLoader"]
 
@@ -54,7 +54,8 @@ class ShuffledLoader:
             initialised, else 0 of 1. ``rank_remainder``: "pad" (repeat a few samples so every
             rank gets the same count) or "drop" (leave the remainder out).
         transform: per-sample function (bytes view or ``{column: value}`` in, anything out), run
-            in ``num_workers`` decode threads (0: in the iterating thread, as DataLoader's
+            for up to ``num_workers`` batches at once on the runtime's CPU executor (so within
+            its ``cpu_threads`` budget; 0: in the iterating thread, as DataLoader's
             ``num_workers=0`` does; reads still run ahead); ``collate_fn`` combines a batch
             (default: one zero-copy tensor for equal-size samples, else ``default_collate``).
         prefetch_batches: batches in flight beyond the one being consumed.
@@ -62,7 +63,11 @@ class ShuffledLoader:
             available; without CUDA it does nothing (``stats()["pin_memory"]`` says so).
         on_error: "raise" the first failed sample's error, or "skip" failed samples (counted in
             ``stats()["skipped"]``).
-        engine: "auto" | "uring" | "thread", or a factory returning an IOEngine.
+        runtime: the IORuntime whose loop thread, engine and CPU executor the loader uses
+            (default: the process's, shared with every other product).
+        engine, queue_depth: set either (a kind "uring" | "thread", or a factory returning an
+            IOEngine; a queue depth other than 128) to give this loader a private runtime
+            with that engine instead, closed with the loader.
         progress: show a tqdm bar per epoch.
     """
 
@@ -83,7 +88,8 @@ class ShuffledLoader:
         prefetch_batches: int = 4,
         pin_memory: bool = False,
         on_error: OnError = "raise",
-        engine: str | Callable[[], IOEngine] = "auto",
+        runtime: IORuntime | None = None,
+        engine: str | Callable[[], IOEngine] | None = None,
         queue_depth: int = 128,
         timeout_s: float | None = None,
         progress: bool = False,
@@ -104,16 +110,17 @@ class ShuffledLoader:
         self._pending: deque[tuple[int, int, int, concurrent.futures.Future[Assembled]]] = deque()
         self._epoch_cache: dict[int, np.ndarray] = {}
         self._stats = LoaderStats()
+        self._owned_runtime = _private_runtime(runtime, engine, queue_depth)
+        self._runtime = runtime or self._owned_runtime or default_runtime()
         self._fetcher = Fetcher(
             copy.copy(source),  # open() state (engine, files, caches) is per loader
             BatchAssembler(source, transform, collate_fn, on_error),
-            engine=engine,
-            queue_depth=queue_depth,
+            runtime=self._runtime,
             decode_threads=num_workers,
             max_slabs=2 * (prefetch_batches + 2),
             finish=_pin if self.pin_memory else None,
         )
-        self._finalizer = weakref.finalize(self, self._fetcher.close)
+        self._finalizer = weakref.finalize(self, _close, self._fetcher, self._owned_runtime)
 
     # ----------------------------------------------------------------- DataLoader surface
     @property
@@ -265,7 +272,7 @@ class ShuffledLoader:
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Stop prefetching, close files and the engine, join the I/O thread. Idempotent."""
+        """Stop prefetching, close files, give back the engine lease. Idempotent."""
         for _, _, _, future in self._pending:
             future.cancel()
         self._pending.clear()
@@ -276,6 +283,26 @@ class ShuffledLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _private_runtime(
+    runtime: IORuntime | None, engine: str | Callable[[], IOEngine] | None, queue_depth: int
+) -> IORuntime | None:
+    """A runtime of the loader's own when it asks for an engine or depth of its own."""
+    if (engine is None or engine == "auto") and queue_depth == 128:
+        return None
+    if runtime is not None:
+        raise InvalidArgumentError("pass runtime= or engine=/queue_depth=, not both")
+    if callable(engine):
+        factory = engine
+        return IORuntime(engine=lambda *_: factory(), queue_depth=queue_depth)
+    return IORuntime(engine=engine or "auto", queue_depth=queue_depth)
+
+
+def _close(fetcher: Fetcher, owned_runtime: IORuntime | None) -> None:
+    fetcher.close()
+    if owned_runtime is not None:
+        owned_runtime.close()
 
 
 def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:

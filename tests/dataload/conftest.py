@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tiers.io import default_runtime
 
 STAMP_BYTES = 16  # sample i is int64 i followed by int64 i * 7
 
@@ -31,8 +35,21 @@ def stamped(tmp_path: Path):
 
 @pytest.fixture
 def no_thread_leak():
-    """Fails the test if it leaves a loader I/O or decode thread running."""
+    """Fails the test if a loader it made keeps an engine lease, a task on the runtime's loop,
+    or a thread of its own (loaders run on the shared runtime and own no threads)."""
+    runtime = default_runtime()
+    leases = runtime.stats()["leases"]
     yield
+    gc.collect()  # loaders dropped without close() give their lease back when collected
+    assert runtime.stats()["leases"] == leases, "a loader kept its engine lease"
+    if runtime.stats()["loop_thread"]:
+        tasks = runtime.submit(_other_tasks()).result(timeout=10)
+        assert not tasks, f"tasks left on the runtime's loop: {tasks}"
     prefixes = ("tierkit-loader", "tierkit-decode")
     leftover = [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
     assert not leftover, f"threads left running: {leftover}"
+
+
+async def _other_tasks() -> list[str]:
+    current = asyncio.current_task()
+    return [repr(task) for task in asyncio.all_tasks() if task is not current]

@@ -22,7 +22,7 @@ from dataload import (
 )
 from dataload.testing import assert_resumes_exactly
 from tests.dataload.conftest import STAMP_BYTES, ids_of, write_stamped
-from tiers.io.errors import InvalidArgumentError
+from tiers.io import InvalidArgumentError, IORuntime, default_runtime
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -178,26 +178,56 @@ def test_corrupt_sample_raises_then_skip_mode_continues(tmp_path: Path) -> None:
     assert firsts == [i for i in range(20) if i != 7]
 
 
-def test_abandoned_iterator_and_close_leave_no_threads(stamped) -> None:
+def test_abandoned_iterator_and_close_give_everything_back(stamped) -> None:
+    runtime = IORuntime(engine="thread")
     source = FixedSizeSource(stamped(500), STAMP_BYTES)
-    loader = ShuffledLoader(source, 10, prefetch_batches=8)
+    loader = ShuffledLoader(source, 10, prefetch_batches=8, runtime=runtime)
     iterator = iter(loader)
     next(iterator)  # prefetch is in flight now
     del iterator
-    assert any(t.name == "tierkit-loader-io" for t in threading.enumerate())
+    assert runtime.stats()["leases"] == 1
     loader.close()
     loader.close()  # idempotent
-    assert not any(t.name.startswith("tierkit-loader") for t in threading.enumerate())
+    assert runtime.stats()["leases"] == 0 and runtime.stats()["engines_open"] == 0
+    runtime.close()
 
 
-def test_dropped_loader_stops_its_thread(stamped) -> None:
-    loader = ShuffledLoader(FixedSizeSource(stamped(30), STAMP_BYTES), 4)
+def test_dropped_loader_gives_its_lease_back(stamped) -> None:
+    runtime = IORuntime(engine="thread")
+    loader = ShuffledLoader(FixedSizeSource(stamped(30), STAMP_BYTES), 4, runtime=runtime)
     next(iter(loader))
     del loader
     import gc
 
     gc.collect()
-    assert not any(t.name.startswith("tierkit-loader") for t in threading.enumerate())
+    assert runtime.stats()["leases"] == 0
+    runtime.close()
+
+
+def test_loaders_on_one_runtime_share_its_loop_and_engine(stamped) -> None:
+    runtime = IORuntime(engine="thread")
+    source = FixedSizeSource(stamped(64), STAMP_BYTES)
+    with (
+        ShuffledLoader(source, 8, runtime=runtime, seed=1) as one,
+        ShuffledLoader(source, 8, runtime=runtime, seed=2) as two,
+    ):
+        assert one._fetcher.engine is two._fetcher.engine
+        assert runtime.stats()["engines_open"] == 1
+        seen = sorted(i for batch in one for i in ids_of(batch))
+        assert seen == sorted(i for batch in two for i in ids_of(batch)) == list(range(64))
+    runtime.close()
+
+
+def test_a_private_engine_gets_a_private_runtime_closed_with_the_loader(stamped) -> None:
+    source = FixedSizeSource(stamped(16), STAMP_BYTES)
+    loader = ShuffledLoader(source, 4, engine="thread")
+    private = loader._runtime
+    assert private is not default_runtime()
+    assert len(list(loader)) == 4
+    loader.close()
+    assert private.closed
+    with pytest.raises(InvalidArgumentError):
+        ShuffledLoader(source, 4, engine="thread", runtime=private)
 
 
 def test_stats_progress_and_pin_memory_note(stamped, capsys) -> None:
