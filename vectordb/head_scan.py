@@ -31,7 +31,7 @@ elsewhere the navigator keeps its float32 product. The product runs on the calli
 alone: a search scans heads on two threads of its own (search.py), and torch's OpenMP team,
 given a second thread, waits for a core the other search thread holds (measured: 22 ms
 instead of ~7 ms per 500 queries in 32-query pieces). Only the calling thread's OpenMP
-setting is changed, for the call (``blas_threads.this_thread_openmp_alone``), never torch's
+setting is changed, for the call (``tiers.io.cpu_threads.this_thread_openmp_alone``), never torch's
 process-wide one.
 Thread-safety: ``nearest`` may run on several threads at once; ``BfloatHeads.put``/``move``
 only while no search runs (the navigator's heads change under the same rule).
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from vectordb.blas_threads import this_thread_openmp_alone
+from tiers.io import this_thread_openmp_alone
 
 __all__ = ["BfloatHeads", "bfloat16_is_native", "nearest", "warm_up"]
 

@@ -4,7 +4,7 @@ For a batch of queries:
 
 1. the navigator gives each query its ``max_postings`` nearest heads (config.default_postings
    when not set: it grows with the number of heads; a large batch split over
-   the loop and scoring threads; numpy's BLAS held to one thread meanwhile: blas_threads);
+   the loop and scoring threads; numpy's BLAS held to one thread meanwhile: tiers.io.cpu_threads);
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
 3. the union of the lists over the whole batch is read once (a list two queries need is read
@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tiers.io import single_threaded_blas
 from vectordb.batch_reads import BatchReads, buffer_bytes
-from vectordb.blas_threads import single_threaded_blas
 from vectordb.chunk_plan import locality_order, query_chunks
 from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError

@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 import vectordb.navigator as navigator_module  # noqa: E402
 from tests.vectordb.helpers import clustered  # noqa: E402
-from vectordb import IndexConfig, SearchParams, SpannIndex, blas_threads, head_scan  # noqa: E402
+from tiers.io import cpu_threads  # noqa: E402
+from vectordb import IndexConfig, SearchParams, SpannIndex, head_scan  # noqa: E402
 from vectordb.metric import Metric  # noqa: E402
 
 
@@ -109,10 +110,10 @@ def test_fashion_like_pixels() -> None:
 def test_product_runs_on_the_calling_thread_only() -> None:
     """Inside the call the thread's OpenMP team is one thread; before and after (and on any
     other thread) torch's setting is as it was."""
-    if not blas_threads.torch_openmp():
+    if not cpu_threads.torch_openmp():
         pytest.skip("torch ships no libgomp here: the product keeps torch's threads")
     before = torch.get_num_threads()
-    with blas_threads.this_thread_openmp_alone():
+    with cpu_threads.this_thread_openmp_alone():
         assert torch.get_num_threads() == 1
         seen: list[int] = []
         other = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))

@@ -9,6 +9,7 @@ from tiers.io.bounce import BounceBuffers
 from tiers.io.buffer_cache import BufferCache
 from tiers.io.buffers import PAGE_SIZE_BYTES, BufferRef, aligned_empty, as_buffer
 from tiers.io.byte_views import is_tensor
+from tiers.io.cpu_threads import single_threaded_blas, this_thread_openmp_alone, torch_openmp
 from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.env import Env, default_env
 from tiers.io.errors import (
@@ -77,4 +78,7 @@ __all__ = [
     "default_runtime",
     "is_tensor",
     "map_os_errors",
+    "single_threaded_blas",
+    "this_thread_openmp_alone",
+    "torch_openmp",
 ]

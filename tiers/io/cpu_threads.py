@@ -1,5 +1,9 @@
-"""numpy's BLAS held to one thread while any search runs (process-wide, counted); torch's
-OpenMP held to the calling thread for a block (per thread: ``this_thread_openmp_alone``).
+"""The CPU-thread budget of compute libraries, shared by every product in the process.
+
+numpy's BLAS is held to one thread while any search (or other caller of
+``single_threaded_blas``) runs -- process-wide, counted -- and torch's OpenMP is held to the
+calling thread for a block (per thread: ``this_thread_openmp_alone``). The IORuntime's CPU
+executor (``cpu_threads`` threads) is then the one place compute parallelism comes from.
 
 Why: a search does many small matrix products on two threads of its own (the loop thread and
 the scoring thread, search.py). OpenBLAS, given more threads, wakes its workers for the larger

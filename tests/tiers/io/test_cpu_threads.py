@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vectordb.blas_threads import _numpy_blas, single_threaded_blas
+from tiers.io.cpu_threads import _numpy_blas, single_threaded_blas
 
 
 def _threads() -> list[int]:
