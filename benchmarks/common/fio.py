@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import Config
+from benchmarks.common.measure import Config
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Shared pieces of the I/O benchmarks: configs, data files, offsets, timing windows, stats.
 
-Nothing here knows about a particular I/O path; ``io_engine.py`` drives the paths and ``_fio.py``
-runs the fio reference.
+Nothing here knows about a particular I/O path; ``benchmarks.tiers.io_engine`` drives the paths
+and ``benchmarks.common.fio`` runs the fio reference.
 """
 
 from __future__ import annotations
@@ -212,11 +212,13 @@ def machine_string() -> str:
 
 
 def code_version() -> str:
-    """Which engine code ran: where tiers/ was imported from, its git state, a hash of its *.py."""
+    """Which engine code ran: where tiers/ was imported from, its git state, a hash of its *.py
+    (subpackages included, each file named by its path inside tiers/)."""
     package_dir = Path(tiers.__file__).resolve().parent
     digest = hashlib.sha256()
-    for source in sorted(package_dir.glob("*.py")):
-        digest.update(source.name.encode() + source.read_bytes())
+    for source in sorted(package_dir.rglob("*.py")):
+        name = source.relative_to(package_dir).as_posix()
+        digest.update(name.encode() + source.read_bytes())
     git = ["git", "-C", str(package_dir)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run([*git, "status", "--porcelain", "."], capture_output=True, text=True)

@@ -1,9 +1,10 @@
 """Workload (b): Fashion-MNIST images as 785-byte records (784 pixels + label), decoded per sample.
 
-The Debian package ``dataset-fashion-mnist`` is installed with apt-get when missing; if that is
-not possible the workload is skipped with a note. Train and test sets (70,000 images) go into one
-raw record file. Both loaders run the same transform per sample (pixels -> float tensor in
-[0, 1], normalised; label -> int), so the comparison is the loading machinery, not the decode.
+The Debian package ``dataset-fashion-mnist`` is installed with apt-get when missing (not in the
+test suite's smoke mode); if that is not possible the workload is skipped with a note. Train and
+test sets (70,000 images) go into one raw record file. Both loaders run the same transform per
+sample (pixels -> float tensor in [0, 1], normalised; label -> int), so the comparison is the
+loading machinery, not the decode.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _dataload_measure import Run, time_run
-from _dataload_peers import RecordDataset, torch_loader
 
+from benchmarks.dataload._measure import Run, time_run
+from benchmarks.dataload._peers import RecordDataset, torch_loader
 from dataload import FixedSizeSource, ShuffledLoader
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -32,9 +33,12 @@ def decode(raw: np.ndarray) -> tuple[torch.Tensor, int]:
     return (image / 255.0 - 0.2860) / 0.3530, int(raw[784])
 
 
-def ensure_fmnist(notes: list[str]) -> bool:
+def ensure_fmnist(notes: list[str], install: bool = True) -> bool:
     if (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists():
         return True
+    if not install:
+        notes.append(f"(b) skipped: {FMNIST_DIR} is absent (apt-get install dataset-fashion-mnist)")
+        return False
     print("(b) installing dataset-fashion-mnist with apt-get", file=sys.stderr, flush=True)
     done = subprocess.run(
         "apt-get install -y dataset-fashion-mnist || "
@@ -66,15 +70,17 @@ def build_records(path: Path) -> int:
     return len(data)
 
 
-def run_fmnist(out: Path, quick: bool, rounds: int, notes: list[str]) -> list[Run]:
-    if not ensure_fmnist(notes):
+def run_fmnist(out: Path, mode: str, rounds: int, notes: list[str]) -> list[Run]:
+    """Part (b); ``mode`` is "full", "quick" or "smoke" (no install, a few batches)."""
+    if not ensure_fmnist(notes, install=mode != "smoke"):
         print(notes[-1], flush=True)
         return []
     path = out / "dataload_fmnist.rec"
     count = build_records(path)
     print(f"(b) Fashion-MNIST: {count} records of {RECORD_BYTES} bytes, {path}", flush=True)
-    max_samples = 20_000 if quick else count
-    max_time_s = 6.0 if quick else 30.0
+    quick = mode != "full"
+    max_samples = {"full": count, "quick": 20_000, "smoke": 1_000}[mode]
+    max_time_s = {"full": 30.0, "quick": 6.0, "smoke": 0.5}[mode]
     runs = []
     for round_index in range(rounds):
         seed = 200 + round_index

@@ -75,14 +75,16 @@ def torch_loader(
     return iterator, close
 
 
-def ensure_hf_datasets() -> str | None:
-    """Import HF ``datasets``, pip-installing it into this venv when absent; None or a reason."""
+def ensure_hf_datasets(install: bool = True) -> str | None:
+    """Import HF ``datasets``, pip-installing it into this venv when absent (and ``install``);
+    None or the reason it is not there."""
     try:
         import datasets
 
         return None
     except ImportError:
-        pass
+        if not install:
+            return "HF datasets is not installed (not installed in smoke mode)"
     print("HF datasets not installed: pip install datasets", file=sys.stderr, flush=True)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "datasets"],

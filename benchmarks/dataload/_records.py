@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import MIB, Config
-from _dataload_measure import Run, time_run
-from _dataload_peers import RecordDataset, torch_loader
-from _fio import ensure_fio, run_fio
 
+from benchmarks.common.fio import ensure_fio, run_fio
+from benchmarks.common.measure import MIB, Config
+from benchmarks.dataload._measure import Run, time_run
+from benchmarks.dataload._peers import RecordDataset, torch_loader
 from dataload import FixedSizeSource, ShuffledLoader, read_samples
 from tiers.io import aligned_empty
 

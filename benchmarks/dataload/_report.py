@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from _common import machine_string, median, spread
-from _dataload_measure import Run
+from benchmarks.common.measure import machine_string, median, spread
+from benchmarks.dataload._measure import Run
 
 TARGET_VS_TORCH = 2.0
 TARGET_VS_FIO = 0.85

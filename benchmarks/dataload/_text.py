@@ -1,15 +1,17 @@
 """Workload (c): Debian package descriptions as Parquet, tokenised per sample.
 
-``../shared/data/debian-minilm/docs.jsonl`` (62k docs) becomes a Parquet file (id, text; row
-groups of 1,024 rows). The tokenizer is deliberately simple and deterministic -- lower-case,
-split on non-alphanumerics, CRC-32 of each word modulo a 32k vocabulary, truncated or padded to
-128 ids -- the same function for every loader. Peers: DataLoader over the Parquet table read
-with pyarrow (map-style, RandomSampler), and HF ``datasets`` (``Dataset.from_parquet``, random
-access through the same DataLoader) when it can be installed.
+``../shared/data/debian-minilm/docs.jsonl`` (62k docs; the test suite's smoke mode takes the
+first 4,096) becomes a Parquet file (id, text; row groups of 1,024 rows). The tokenizer is
+deliberately simple and deterministic -- lower-case, split on non-alphanumerics, CRC-32 of each
+word modulo a 32k vocabulary, truncated or padded to 128 ids -- the same function for every
+loader. Peers: DataLoader over the Parquet table read with pyarrow (map-style, RandomSampler),
+and HF ``datasets`` (``Dataset.from_parquet``, random access through the same DataLoader) when
+it can be installed (smoke mode: when it is already).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import zlib
@@ -19,13 +21,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from _dataload_measure import Run, time_run
-from _dataload_peers import ensure_hf_datasets, torch_loader
 from torch.utils.data import Dataset
 
+from benchmarks.common.paths import SHARED_DATA
+from benchmarks.dataload._measure import Run, time_run
+from benchmarks.dataload._peers import ensure_hf_datasets, torch_loader
 from dataload import ParquetSource, ShuffledLoader
 
-DOCS = Path(__file__).resolve().parents[2] / "shared/data/debian-minilm/docs.jsonl"
+DOCS = SHARED_DATA / "debian-minilm" / "docs.jsonl"
+SMOKE_DOCS = 4096
 WORKLOAD = "parquet_text"
 BATCH = 64
 TOKENS = 128
@@ -67,11 +71,12 @@ class HFDataset(Dataset):
         return tokenize(self.hf[int(index)]["text"])
 
 
-def build_parquet(path: Path) -> int:
+def build_parquet(path: Path, limit: int | None = None) -> int:
+    """Write the first ``limit`` docs (all by default) to ``path`` unless it exists; rows."""
     if not path.exists():
         ids, texts = [], []
         with open(DOCS) as file:
-            for line in file:
+            for line in itertools.islice(file, limit):
                 doc = json.loads(line)
                 ids.append(doc["id"])
                 texts.append(doc["text"])
@@ -80,16 +85,20 @@ def build_parquet(path: Path) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
-def run_text(out: Path, quick: bool, rounds: int, notes: list[str]) -> list[Run]:
+def run_text(out: Path, mode: str, rounds: int, notes: list[str]) -> list[Run]:
+    """Part (c); ``mode`` is "full", "quick" or "smoke" (4,096 docs, no pip install)."""
     if not DOCS.exists():
         notes.append(f"(c) skipped: {DOCS} is absent")
         print(notes[-1], flush=True)
         return []
-    path = out / "dataload_docs.parquet"
-    count = build_parquet(path)
+    smoke = mode == "smoke"
+    path = out / ("dataload_docs_smoke.parquet" if smoke else "dataload_docs.parquet")
+    count = build_parquet(path, SMOKE_DOCS if smoke else None)
     print(f"(c) Parquet text: {count} docs, {path.stat().st_size / 1e6:.0f} MB, {path}", flush=True)
-    hf = _hf_dataset(path, out, notes)
-    max_samples, max_time_s = (6_000, 6.0) if quick else (count, 15.0)
+    hf = _hf_dataset(path, out, notes, install=not smoke)
+    quick = mode != "full"
+    budgets = {"full": (count, 15.0), "quick": (6_000, 6.0), "smoke": (500, 0.5)}
+    max_samples, max_time_s = budgets[mode]
     runs = []
     for round_index in range(rounds):
         seed = 300 + round_index
@@ -137,8 +146,8 @@ def _ours(path: Path, workers: int, seed: int):
     return start
 
 
-def _hf_dataset(path: Path, out: Path, notes: list[str]):
-    reason = ensure_hf_datasets()
+def _hf_dataset(path: Path, out: Path, notes: list[str], install: bool = True):
+    reason = ensure_hf_datasets(install)
     if reason is not None:
         notes.append(f"(c) HF datasets peer skipped: {reason}")
         print(notes[-1], flush=True)

@@ -14,93 +14,89 @@ reads a globally shuffled epoch (or as much of it as fits the time cap):
 
 The loaders run back to back in each round; ratios are medians of per-round ratios. CPU per
 sample is process CPU (workers included) / samples. ``--quick`` (about 1-2 minutes) prints one
-JSON object as its last line.
+JSON object as its last line. A part whose data is missing is skipped with a note in that line.
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/dataload.py --quick
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/dataload.py
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.dataload.loader --quick
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.dataload.loader
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_HERE)
-
-
-def _package_first() -> None:
-    """Put the repository root first on ``sys.path``: this file is named like the ``dataload``
-    package (and benchmarks/tiers.py like ``tiers``), and a script's directory leads sys.path."""
-    sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT)]
-
-
-if __name__ == "dataload":
-    # Imported as ``dataload`` by a sibling script: load the package in this module's place.
-    import importlib
-
-    _package_first()
-    del sys.modules["dataload"]
-    importlib.import_module("dataload")
-else:
-    _package_first()
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from _dataload_measure import Run  # noqa: E402
-from _dataload_report import headline, print_report  # noqa: E402
+from benchmarks.common.paths import OUT_DIR
+from benchmarks.common.scratch import remove_at_exit
+from benchmarks.dataload._fmnist import run_fmnist
+from benchmarks.dataload._measure import Run
+from benchmarks.dataload._records import check_stamps, data_path, ensure_records, run_round
+from benchmarks.dataload._report import headline, print_report
+from benchmarks.dataload._text import run_text
 
 
-def parse_args() -> argparse.Namespace:
+@dataclass(frozen=True)
+class Plan:
+    """How much each part reads; the peers' worker counts of (a)."""
+
+    mode: str  # "full", "quick" or "smoke" (the test suite's: seconds, figures meaningless)
+    rounds: int
+    records: int  # 32 KiB records in (a)'s file
+    records_time_s: float  # cap per timed run of (a)
+    torch_workers: tuple[int, ...]
+
+    @property
+    def quick(self) -> bool:
+        """Quick sizes for (b) and (c); the smoke plan cuts them further itself."""
+        return self.mode != "full"
+
+
+FULL = Plan("full", 3, 100_000, 30.0, (0, 2, 4))  # 3.05 GiB of records
+QUICK = Plan("quick", 2, 24_576, 8.0, (0, 2, 4))  # 768 MiB
+SMOKE = Plan("smoke", 1, 512, 0.5, (0, 2))  # 16 MiB
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small files, 2 rounds, ~1-2 min")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--parts", default="abc", help="which workloads: any of a, b, c")
-    parser.add_argument("--out", type=Path, default=Path(_HERE) / "out")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument(
         "--keep-data", action="store_true", help="keep the big records file for the next run"
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    quick = args.quick
-    rounds = args.rounds or (2 if quick else 3)
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    rounds = args.rounds or plan.rounds
     runs: list[Run] = []
     notes: list[str] = []
     started = time.time()
-    print(f"dataload benchmark: {'quick' if quick else 'full'}, {rounds} rounds", flush=True)
+    print(f"dataload benchmark: {plan.mode}, {rounds} rounds", flush=True)
     if "a" in args.parts:
-        runs += part_records(args.out, quick, rounds, args.keep_data)
+        runs += part_records(args.out, plan, rounds, args.keep_data)
     if "b" in args.parts:
-        from _dataload_fmnist import run_fmnist
-
-        runs += run_fmnist(args.out, quick, rounds, notes)
+        runs += run_fmnist(args.out, plan.mode, rounds, notes)
     if "c" in args.parts:
-        from _dataload_text import run_text
-
-        runs += run_text(args.out, quick, rounds, notes)
-    print_report(runs, notes, quick, time.time() - started)
+        runs += run_text(args.out, plan.mode, rounds, notes)
+    print_report(runs, notes, plan.quick, time.time() - started)
     print(json.dumps(headline(runs, notes)))
 
 
-def part_records(out: Path, quick: bool, rounds: int, keep: bool) -> list[Run]:
-    from _dataload_records import check_stamps, data_path, ensure_records, run_round
-    from _scratch import remove_at_exit
-
-    count = 24_576 if quick else 100_000  # 768 MiB or 3.05 GiB of 32 KiB records
-    path = remove_at_exit(data_path(out, count), keep)
-    print(f"(a) 32 KiB records: {count} records, {path}", flush=True)
-    ensure_records(path, count)
+def part_records(out: Path, plan: Plan, rounds: int, keep: bool) -> list[Run]:
+    path = remove_at_exit(data_path(out, plan.records), keep)
+    print(f"(a) 32 KiB records: {plan.records} records, {path}", flush=True)
+    ensure_records(path, plan.records)
     check_stamps(path)
     runs: list[Run] = []
-    max_time_s = 8.0 if quick else 30.0
     for round_index in range(rounds):
-        runs += run_round(path, count, round_index, max_time_s, (0, 2, 4))
+        runs += run_round(path, plan.records, round_index, plan.records_time_s, plan.torch_workers)
     return runs
 
 

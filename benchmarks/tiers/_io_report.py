@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from _common import Config, Sample, median, spread
+from benchmarks.common.measure import Config, Sample, median, spread
 
 PATH_ORDER = ("fio", "uring", "thread", "aiofiles")
 

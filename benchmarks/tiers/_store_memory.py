@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _common import KIB, MIB
 
+from benchmarks.common.measure import KIB, MIB
 from tiers.io import EngineUnavailableError
 from tiers.memory import CxlTier, DramTier, HbmTier
 from tiers.storage import Tier

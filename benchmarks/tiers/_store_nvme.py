@@ -20,19 +20,22 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import KIB, MIB, Config
-from _fio import fio_command, parse_fio_json
-from _tiers_memory import SIZES, OpSample, summarize
 
+from benchmarks.common.fio import fio_command, parse_fio_json
+from benchmarks.common.measure import KIB, MIB, Config
+from benchmarks.tiers._store_memory import SIZES, OpSample, summarize
 from tiers.io import aligned_empty
 from tiers.nvme import NvmeTier
 
 QD = 16
 
 
-def object_counts(quick: bool) -> dict[int, int]:
-    """Objects per size: 2 MiB / 32 MiB / 128 MiB / 256 MiB quick, 8x-4x that in full mode."""
-    if quick:
+def object_counts(mode: str) -> dict[int, int]:
+    """Objects per size: 2 MiB / 32 MiB / 128 MiB / 256 MiB quick, 8x-4x that in full mode;
+    ``smoke`` (the test suite's) a few of each, 32 MiB at most."""
+    if mode == "smoke":
+        return {4 * KIB: 16, 64 * KIB: 16, MIB: 4, 16 * MIB: 2}
+    if mode == "quick":
         return {4 * KIB: 512, 64 * KIB: 512, MIB: 128, 16 * MIB: 16}
     return {4 * KIB: 4096, 64 * KIB: 2048, MIB: 512, 16 * MIB: 64}
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from _common import KIB, MIB, median, spread
-from _tiers_memory import POLICIES, SIZES, OpSample, size_label
-from _tiers_nvme import QD
-from _tiers_zipf import POLICY_VARIANTS, VARIANTS, ZipfSample
+from benchmarks.common.measure import KIB, MIB, median, spread
+from benchmarks.tiers._store_memory import POLICIES, SIZES, OpSample, size_label
+from benchmarks.tiers._store_nvme import QD
+from benchmarks.tiers._store_zipf import POLICY_VARIANTS, VARIANTS, ZipfSample
 
 MEMORY_ROWS = (
     ("memcpy", "copy"),

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import MIB, code_version, ensure_data_file, machine_string, median
-from _fio import ensure_fio
-from _scratch import remove_at_exit
-from _tiers_memory import SIZES, OpSample, hit_overhead, memory_round, size_label
-from _tiers_nvme import QD, nvme_round, object_counts
-from _tiers_report import (
+from benchmarks.common.fio import ensure_fio
+from benchmarks.common.measure import MIB, code_version, ensure_data_file, machine_string, median
+from benchmarks.common.paths import OUT_DIR
+from benchmarks.common.scratch import remove_at_exit
+from benchmarks.tiers._store_memory import SIZES, OpSample, hit_overhead, memory_round, size_label
+from benchmarks.tiers._store_nvme import QD, nvme_round, object_counts
+from benchmarks.tiers._store_report import (
     MEMORY_ROWS,
     NVME_ROWS,
     headline,
@@ -27,7 +28,7 @@ from _tiers_report import (
     target_table,
     zipf_table,
 )
-from _tiers_zipf import (
+from benchmarks.tiers._store_zipf import (
     BATCH,
     CONCURRENCY,
     VARIANTS,
@@ -38,15 +39,15 @@ from _tiers_zipf import (
     simulated_lru_hit_rate,
     static_oracle_hit_rate,
 )
-
 from tiers.io import create_engine
 from tiers.nvme import NvmeTier, record_bytes
 
-DEFAULT_DIR = Path(__file__).resolve().parent / "out"
+DEFAULT_DIR = OUT_DIR
 
 
 @dataclass(frozen=True)
 class Plan:
+    mode: str  # "full", "quick" or "smoke": also picks the NVMe object counts
     rounds: int
     warmup_s: float
     duration_s: float
@@ -62,8 +63,10 @@ class Plan:
     zipf_s: float
 
 
-QUICK = Plan(2, 0.25, 1.5, 64 * MIB, 20, 2000, 12, 5000, 2, 16 * MIB, 2000, 4000, 1.0)
-FULL = Plan(5, 0.5, 3.0, 512 * MIB, 60, 20000, 24, 20000, 3, 64 * MIB, 8000, 16000, 1.0)
+QUICK = Plan("quick", 2, 0.25, 1.5, 64 * MIB, 20, 2000, 12, 5000, 2, 16 * MIB, 2000, 4000, 1.0)
+FULL = Plan("full", 5, 0.5, 3.0, 512 * MIB, 60, 20000, 24, 20000, 3, 64 * MIB, 8000, 16000, 1.0)
+# the test suite's: every part and every key of the report, in seconds; the figures mean nothing
+SMOKE = Plan("smoke", 1, 0.05, 0.2, 4 * MIB, 3, 50, 2, 200, 1, 1 * MIB, 100, 200, 1.0)
 
 
 def cpu_ticks() -> tuple[int, int]:
@@ -116,7 +119,7 @@ async def _hit_chunk(plan: Plan, hits: dict[str, list[float]]) -> None:
 async def _micro(
     plan: Plan, out_dir: Path, fio: str, fio_path: Path, engine: Any, hits: dict[str, list[float]]
 ) -> tuple:
-    counts = object_counts(plan is QUICK)
+    counts = object_counts(plan.mode)
     capacity = sum(record_bytes(size) * n for size, n in counts.items())
     capacity = capacity * 5 // 4 + QD * record_bytes(max(SIZES)) + 64 * MIB
     tier_dir = out_dir / "tiers_nvme"
@@ -180,7 +183,7 @@ async def _zipf(plan: Plan, out_dir: Path, engine: Any) -> tuple:
 
 async def _main(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     fio = ensure_fio()
-    counts = object_counts(plan is QUICK)
+    counts = object_counts(plan.mode)
     fio_bytes = max(size * n for size, n in counts.items())
     fio_path = remove_at_exit(args.dir / f"tiers_fio_{fio_bytes // MIB}m.dat", args.keep_data)
     made = ensure_data_file(fio_path, fio_bytes)
@@ -293,6 +296,7 @@ def _report(plan: Plan, mode: str, result: dict[str, Any], version: str) -> dict
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Tier and TieredStore benchmark (issue 3)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, small sizes (~2 min)")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the files live")
     parser.add_argument(
         "--keep-data", action="store_true", help="keep the fio data file for the next run"
@@ -302,7 +306,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    mode = plan.mode
     version = code_version()
     log(f"tiers code: {version}")
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import KIB, MIB
 
+from benchmarks.common.measure import KIB, MIB
 from tiers.io import IOEngine
 from tiers.memory import DramTier
 from tiers.nvme import NvmeTier

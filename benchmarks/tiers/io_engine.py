@@ -31,11 +31,11 @@ from its JSON), PASS/MISS against the issue's targets, and, as the last line, on
 Quick check (1 GiB file, 2 rounds of 1.5 s runs, random rows 4k QD1/32/128 and 128k QD32/128
 only; about 75 s here plus a few seconds to write the file)::
 
-    .venv/bin/python benchmarks/io_engine.py --quick
+    .venv/bin/python -m benchmarks.tiers.io_engine --quick
 
 Full mode (4 GiB file, 5 rounds of 5 s runs, about 15-20 minutes)::
 
-    .venv/bin/python benchmarks/io_engine.py
+    .venv/bin/python -m benchmarks.tiers.io_engine
 
 The data files (1 or 4 GiB each, under benchmarks/out/) are removed when the run ends, however
 it ends; ``--keep-data`` keeps them, and a later run reuses them.
@@ -54,7 +54,9 @@ from typing import Any
 
 import aiofiles
 import numpy as np
-from _common import (
+
+from benchmarks.common.fio import ensure_fio, run_fio
+from benchmarks.common.measure import (
     FULL_CONFIGS,
     GIB,
     MIB,
@@ -70,14 +72,13 @@ from _common import (
     machine_string,
     measure_window,
 )
-from _fio import ensure_fio, run_fio
-from _report import headline, print_report
-from _scratch import remove_at_exit
-
+from benchmarks.common.paths import OUT_DIR
+from benchmarks.common.scratch import remove_at_exit
+from benchmarks.tiers._io_report import headline, print_report
 from tiers.io import IOEngine, ThreadEngine, UringEngine, aligned_empty
 
 PATHS = ("fio", "uring", "thread", "aiofiles")
-DEFAULT_DIR = Path(__file__).resolve().parent / "out"
+DEFAULT_DIR = OUT_DIR
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@
   sample covariance (the maximum-likelihood fit), sampled as mean + z @ centred members /
   sqrt(members - 1) with z standard normal, so each component keeps the correlations (and
   the low intrinsic dimension) of the real points it was fitted to.
+* ``smoke-<n>``: ``n`` x 128 unit vectors around 32 random centres and 50 queries, made on the
+  spot with exact ground truth: the test suite's smoke runs, which must not need ../shared.
 
 Everything derived is cached as .npy under benchmarks/out/vectordb/data/ (memory-mapped when
 read back, so the 2M set does not have to fit next to the indexes).
@@ -30,9 +32,12 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from _vectordb_common import log
 
-MINILM_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "debian-minilm"
+from benchmarks.common.paths import SHARED_DATA
+from benchmarks.vectordb._common import log
+
+MINILM_DIR = SHARED_DATA / "debian-minilm"
+SMOKE_SET = "smoke-4000"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 GT_K = 100
 FMNIST_QUERIES = 1000
@@ -84,6 +89,8 @@ def load(name: str, data_dir: Path) -> Dataset | None:
         return _gmm(int(name.removeprefix("gmm-")), data_dir)
     if name.startswith("gmmfull-"):
         return _gmm(int(name.removeprefix("gmmfull-")), data_dir, full=True)
+    if name.startswith("smoke-"):
+        return smoke_set(int(name.removeprefix("smoke-")))
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -98,6 +105,18 @@ def _minilm() -> Dataset | None:
         np.load(MINILM_DIR / "gt_ids.npy"),
         "cosine",
     )
+
+
+def smoke_set(n: int, dim: int = 128, queries: int = 50) -> Dataset:
+    """Clustered unit vectors (no file read or written), cosine, exact top-k ground truth."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((32, dim)).astype(np.float32)
+    rows = centres[rng.integers(32, size=n + queries)]
+    rows += 0.5 * rng.standard_normal(rows.shape).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    base, found = rows[:n], rows[n:]
+    gt = exact_knn(base, found, min(GT_K, n), faiss.METRIC_INNER_PRODUCT)
+    return Dataset(f"smoke-{n}", base, found, gt, "cosine")
 
 
 def _idx_images(path: Path) -> np.ndarray:

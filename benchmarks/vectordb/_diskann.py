@@ -2,7 +2,8 @@
 
 diskannpy pins numpy==1.25, so it lives in its own venv (benchmarks/out/venv-diskann, created
 here on first use with ``python3 -m venv`` + ``pip install diskannpy==0.7.0``) and runs in a
-worker process (_vectordb_diskann_worker.py) that reads .npy files and answers JSON lines.
+worker process (``-m benchmarks.vectordb._diskann_worker`` under that venv's Python, the
+repository root put on its PYTHONPATH) that reads .npy files and answers JSON lines.
 
 Equal memory: DiskANN's RAM at search time is its PQ codes (+ pivots) and its node cache. The PQ
 size is fixed at build (``search_memory_maximum``): we ask for 80% of our resident bytes; the node
@@ -25,10 +26,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _vectordb_common import drop_page_cache, log
-from _vectordb_data import Dataset
 
-WORKER = Path(__file__).resolve().parent / "_vectordb_diskann_worker.py"
+from benchmarks.common.paths import REPO_ROOT
+from benchmarks.vectordb._common import drop_page_cache, log
+from benchmarks.vectordb._data import Dataset
+
+WORKER = ["-m", "benchmarks.vectordb._diskann_worker"]
 PQ_SHARE = 0.8
 GRAPH_DEGREE = 32
 BEAM_WIDTH = 4
@@ -53,6 +56,13 @@ def ensure_venv(out_dir: Path) -> Path:
             shutil.rmtree(python.parents[1], ignore_errors=True)
             raise Unavailable(f"{' '.join(cmd[:3])} failed: {done.stderr.strip()[-400:]}")
     return python
+
+
+def _worker_env() -> dict[str, str]:
+    """This environment with the repository root first on PYTHONPATH: the worker runs as a
+    module of this package whatever the working directory."""
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _npy(array: np.ndarray, path: Path) -> str:
@@ -106,7 +116,7 @@ class DiskAnnSystem:
         queries = _npy(ds.queries, data_dir / f"{ds.name}_queries.npy")
         args = [str(self.directory), metric, str(dim), str(self.cache_nodes), str(THREADS), queries]
         self.proc = subprocess.Popen(
-            [str(python), str(WORKER), "serve", *args],
+            [str(python), *WORKER, "serve", *args], env=_worker_env(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
         )  # fmt: skip
         ready = self._reply()
@@ -126,8 +136,10 @@ class DiskAnnSystem:
         pq_gb = (chunks + 0.5) * n / 2**30  # DiskANN: PQ bytes/vector = floor(budget / n)
         log(f"diskann: building {ds.name} ({n:,} vectors, PQ {chunks} B/vector); slow, minutes")
         start = time.perf_counter()
-        cmd = [str(python), str(WORKER), "build", base, str(partial), "l2", f"{pq_gb:.6f}", "2"]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+        cmd = [str(python), *WORKER, "build", base, str(partial), "l2", f"{pq_gb:.6f}", "2"]
+        done = subprocess.run(
+            cmd, env=_worker_env(), stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+        )
         if done.returncode:
             raise Unavailable(f"DiskANN build failed (rc {done.returncode})")
         partial.rename(self.directory)

@@ -1,8 +1,10 @@
 """DiskANN worker: runs under benchmarks/out/venv-diskann's Python (diskannpy 0.7.0 + numpy 1.25).
 
 diskannpy 0.7.0 pins numpy==1.25, which the project's venv (numpy 2) cannot hold, so the driver
-(_vectordb_diskann.py) starts this script with the other interpreter. It imports nothing from the
-repository. Two modes:
+(``_diskann.py``) starts this module with the other interpreter, as
+``python -m benchmarks.vectordb._diskann_worker MODE ...`` with the repository root on
+PYTHONPATH. It imports nothing from the repository (the packages above it hold only docstrings).
+Two modes:
 
     build BASE.npy DIR METRIC PQ_BUDGET_GB THREADS
         build_disk_index into DIR; prints one JSON line {build_s, pq_chunks, pq_bytes, ...}.

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from _vectordb_common import PAGE_BYTES, drop_page_cache, log, stdout_to_stderr
-from _vectordb_data import Dataset
+
+from benchmarks.vectordb._common import PAGE_BYTES, drop_page_cache, log, stdout_to_stderr
+from benchmarks.vectordb._data import Dataset
 
 THREADS = 2
 _ADD_CHUNK = 100_000

@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _vectordb_common import drop_page_cache, log
-from _vectordb_data import Dataset
 
 import vectordb
+from benchmarks.vectordb._common import drop_page_cache, log
+from benchmarks.vectordb._data import Dataset
 from vectordb import IndexConfig, SearchParams, SpannIndex
 
 _ALONE_SAMPLE = 50  # queries searched one by one for the unshared I/O figure
-_ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
@@ -48,7 +47,7 @@ def code_hash() -> str:
     for module in pkgutil.iter_modules(vectordb.__path__):
         importlib.import_module(f"vectordb.{module.name}")
     digest = hashlib.sha256()
-    for source in sorted((_ROOT / "vectordb").glob("*.py")):
+    for source in sorted(Path(vectordb.__file__).resolve().parent.glob("*.py")):
         digest.update(source.name.encode() + source.read_bytes())
     return digest.hexdigest()[:10]
 

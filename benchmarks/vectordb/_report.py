@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _vectordb_common import RECALL_TARGET, Point, fmt_bytes, qps_at_recall
-from _vectordb_update import UpdateResult
+from benchmarks.vectordb._common import RECALL_TARGET, Point, fmt_bytes, qps_at_recall
+from benchmarks.vectordb._update import UpdateResult
 
 LABELS = {
     "ours": "ours (SPANN, cold cache)",

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _vectordb_common import Point, log, recall_at, stdout_to_stderr
-from _vectordb_data import Dataset, load
-from _vectordb_ours import code_hash
-from _vectordb_report import (
+
+from benchmarks.common.paths import OUT_DIR
+from benchmarks.vectordb._common import Point, log, recall_at, stdout_to_stderr
+from benchmarks.vectordb._data import SMOKE_SET, Dataset, load
+from benchmarks.vectordb._ours import code_hash
+from benchmarks.vectordb._report import (
     LABELS,
     curve_table,
     plot,
@@ -27,7 +29,6 @@ from _vectordb_report import (
     verdicts,
 )
 
-HERE = Path(__file__).resolve().parent
 K = 10
 
 
@@ -67,6 +68,20 @@ FULL = Plan(
     datasets=["debian-minilm", "fashion-mnist", "gmm-2000000"],
     update_steps=10,
 )
+# the test suite's: a tiny generated set (no ../shared needed), every part but DiskANN (its
+# venv is a pip install) in seconds; the figures mean nothing
+SMOKE = Plan(
+    rounds=1,
+    sweeps={
+        "ours": [2, 4],
+        "faiss_ondisk": [2, 32],
+        "faiss_ivf": [2, 32],
+        "faiss_hnsw": [16, 32],
+        "diskann": [],
+    },
+    datasets=[SMOKE_SET],
+    update_steps=2,
+)
 
 
 def _byte_valued(base: np.ndarray) -> bool:
@@ -85,8 +100,8 @@ def _systems(
     notes: list[str],
     variant: dict[str, Any] | None = None,
 ) -> tuple[list[Any], dict[str, float]]:
-    from _vectordb_faiss import MemorySystem, OnDiskIvf
-    from _vectordb_ours import OursSystem
+    from benchmarks.vectordb._faiss import MemorySystem, OnDiskIvf
+    from benchmarks.vectordb._ours import OursSystem
 
     cache = out / "vectordb"
     ours = OursSystem(runner, ds, cache / "spann")
@@ -114,7 +129,7 @@ def _systems(
     if "hnsw" in skip:
         notes.append(f"{ds.name}: faiss HNSW (in RAM) skipped by --skip hnsw")
     if "diskann" not in skip:
-        from _vectordb_diskann import DiskAnnSystem, Unavailable
+        from benchmarks.vectordb._diskann import DiskAnnSystem, Unavailable
 
         try:
             big = len(ds.base) > 200_000  # ~100 s per 20k vectors: hours at 2M
@@ -200,6 +215,7 @@ def _describe(variant: dict[str, Any]) -> str:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="SPANN index vs faiss and DiskANN (issue 4)")
     parser.add_argument("--quick", action="store_true", help="debian-minilm only, ~1-2 min")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--datasets", help="comma-separated, e.g. debian-minilm,gmm-500000")
     parser.add_argument("--rounds", type=int)
     parser.add_argument(
@@ -211,13 +227,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="also run ours built with these settings, e.g. replica_count=2,closure=1.25",
     )
     parser.add_argument("--head-fraction", type=float, help="same as --variant head_fraction=X")
-    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
     return parser.parse_args(argv)
 
 
 def run(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    args.quick = args.quick or args.smoke  # smoke: quick's choices, smaller
     datasets = args.datasets.split(",") if args.datasets else plan.datasets
     rounds = args.rounds or plan.rounds
     variant = _settings(args.variant)
@@ -227,7 +244,7 @@ def run(argv: list[str] | None = None) -> None:
         LABELS["ours_cfg"] = f"ours, {_describe(variant)} (cold cache)"
         LABELS["ours_cfg_uint8"] = f"ours, {_describe(variant)}, uint8 lists (cold cache)"
     plan = Plan(rounds, plan.sweeps, datasets, plan.update_steps, variant or None)
-    skip = set(filter(None, args.skip.split(",")))
+    skip = set(filter(None, args.skip.split(","))) | ({"diskann"} if args.smoke else set())
     started = time.time()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     print(f"## vectordb benchmark ({'quick' if args.quick else 'full'}, {rounds} rounds)\n")
@@ -248,10 +265,10 @@ def run(argv: list[str] | None = None) -> None:
             print(curve_table(name, ds.raw_bytes, points) + "\n")
             print(summary_table(name, points, builds) + "\n")
             plot(name, points, args.out / f"vectordb_spann_{name}.png")
-            if name == "debian-minilm":
-                headline = _headline(points, extra)
+            if name in ("debian-minilm", SMOKE_SET):  # the headline set, with the update phase
+                headline = _headline(name, points, extra)
                 if "update" not in skip:
-                    from _vectordb_update import update_phase
+                    from benchmarks.vectordb._update import update_phase
 
                     upd = update_phase(runner, ds, args.out / "vectordb" / "spann",
                                        plan.update_steps)  # fmt: skip
@@ -277,7 +294,7 @@ def run(argv: list[str] | None = None) -> None:
     print(json.dumps(headline))
 
 
-def _headline(points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:
+def _headline(name: str, points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:
     """The JSON fields the issue asks for: ours at the default setting, and the ratios."""
 
     at = summary(points)
@@ -292,7 +309,7 @@ def _headline(points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:
         return None if value is None else round(value, 1)
 
     return {
-        "dataset": "debian-minilm",
+        "dataset": name,
         "default_max_postings": default,
         "recall_at_10": round(ours.recall, 4),
         "qps": round(ours.qps, 1),

@@ -21,10 +21,10 @@ from typing import Any
 
 import faiss
 import numpy as np
-from _vectordb_common import log, recall_at
-from _vectordb_data import Dataset
-from _vectordb_ours import cached_build
 
+from benchmarks.vectordb._common import log, recall_at
+from benchmarks.vectordb._data import Dataset
+from benchmarks.vectordb._ours import cached_build
 from vectordb import SpannIndex
 
 

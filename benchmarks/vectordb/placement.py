@@ -9,7 +9,7 @@ O_DIRECT), one untimed warm-up pass, then ``--rounds`` rounds with every build a
 back to back. Printed: a table (recall, median QPS with min-max, KiB read per query, disk
 bytes of the lists) and, last, one JSON line ``{"qps_at_recall_0_9": {"r4-c1.5": qps, ...}}``.
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_placement.py [--quick]
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.placement [--quick]
 """
 
 from __future__ import annotations
@@ -17,28 +17,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import sys
+from pathlib import Path
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT)]
-
-from pathlib import Path  # noqa: E402
-
-from _vectordb_common import Point, log, qps_at_recall, recall_at  # noqa: E402
-from _vectordb_data import Dataset, load  # noqa: E402
-from _vectordb_ours import OursSystem  # noqa: E402
-
-_OUT = Path(_ROOT) / "benchmarks" / "out" / "vectordb"
+from benchmarks.common.paths import OUT_DIR
+from benchmarks.vectordb._common import Point, log, qps_at_recall, recall_at
+from benchmarks.vectordb._data import SMOKE_SET, Dataset, load
+from benchmarks.vectordb._ours import OursSystem
 
 
 class _Placement(OursSystem):
     """OursSystem over an index built with ``replica_count`` and ``closure``."""
 
-    def __init__(self, runner: asyncio.Runner, ds: Dataset, replicas: int, closure: float) -> None:
+    def __init__(
+        self, runner: asyncio.Runner, ds: Dataset, replicas: int, closure: float, cache: Path
+    ) -> None:
         self.tag = f"r{replicas}-c{closure:g}"
         overrides = {"replica_count": replicas, "closure": closure}
-        super().__init__(runner, ds, _OUT / "spann", overrides=overrides)
+        super().__init__(runner, ds, cache, overrides=overrides)
         self.name = self.tag
 
 
@@ -47,24 +42,28 @@ def _list_mib(stats: dict) -> str:  # type: ignore[type-arg]
     return f"{used_pages * 4096 / 2**20:.0f} MiB"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 placements, 2 rounds")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--rounds", type=int)
-    args = parser.parse_args()
-    ds = load("debian-minilm", _OUT / "data")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    out = args.out / "vectordb"
+    # smoke (the test suite's): two placements of a tiny generated set, one round
+    ds = load(SMOKE_SET if args.smoke else "debian-minilm", out / "data")
     if ds is None:
         print("debian-minilm is absent (../shared/data/debian-minilm): nothing to measure")
         return
     inf = float("inf")
-    pairs = [(4, inf), (4, 1.5), (2, inf)]
-    if not args.quick:
+    pairs = [(4, 1.5), (2, inf)] if args.smoke else [(4, inf), (4, 1.5), (2, inf)]
+    if not (args.quick or args.smoke):
         pairs += [(8, inf), (4, 1.25), (4, 2.0), (8, 1.5)]
-    settings = [4, 5, 6, 8, 10, 12, 16]
-    rounds = args.rounds or (2 if args.quick else 5)
+    settings = [4, 8] if args.smoke else [4, 5, 6, 8, 10, 12, 16]
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 5)
     points: dict[tuple[int, int], Point] = {}
     with asyncio.Runner() as runner:
-        systems = [_Placement(runner, ds, r, c) for r, c in pairs]
+        systems = [_Placement(runner, ds, r, c, out / "spann") for r, c in pairs]
         try:
             for system in systems:  # warm-up
                 for value in settings:

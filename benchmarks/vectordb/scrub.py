@@ -18,7 +18,7 @@ alternating rounds:
 Medians over rounds, min-max shown. Tables to stdout, the last line one JSON object; progress
 to stderr. ``--quick`` runs 3 rounds (about a minute with the build); the full mode 7::
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_scrub.py --quick
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.scrub --quick
 """
 
 from __future__ import annotations
@@ -36,18 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-_HERE = Path(__file__).resolve().parent
-_ROOT = _HERE.parent
-# benchmarks/tiers.py is named like the tiers package: the repository root goes first
-sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _ROOT)]
-sys.path.append(str(_HERE))
+from benchmarks.common.fio import ensure_fio
+from benchmarks.common.paths import OUT_DIR, SHARED_DATA
+from benchmarks.vectordb._data import smoke_set
+from vectordb import IndexConfig, SearchParams, SpannIndex
 
-from _fio import ensure_fio  # noqa: E402
-
-from vectordb import IndexConfig, SearchParams, SpannIndex  # noqa: E402
-
-DATA = _ROOT.parent / "shared" / "data" / "debian-minilm"
-SCRATCH = _HERE / "out" / "scrub"
+DATA = SHARED_DATA / "debian-minilm"
 PARAMS = SearchParams(max_postings=8)
 Samples = dict[str, list[float]]
 
@@ -56,7 +50,10 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _data() -> tuple[np.ndarray, np.ndarray, str]:
+def _data(smoke: bool) -> tuple[np.ndarray, np.ndarray, str]:
+    if smoke:  # the test suite's: a tiny generated set, built in a second
+        ds = smoke_set(4000)
+        return ds.base, ds.queries, ds.name
     if (DATA / "embeddings.npy").exists() and (DATA / "queries.npy").exists():
         return np.load(DATA / "embeddings.npy"), np.load(DATA / "queries.npy"), "debian-minilm"
     rng = np.random.default_rng(0)
@@ -127,10 +124,10 @@ async def _repair_s(directory: Path, pid: int) -> float:
     return seconds
 
 
-async def _main(rounds: int) -> dict[str, float]:
-    base, queries, name = _data()
+async def _main(rounds: int, scratch: Path, smoke: bool) -> dict[str, float]:
+    base, queries, name = _data(smoke)
     _log(f"data: {name}, {len(base)} x {base.shape[1]}, {len(queries)} queries")
-    clean, broken = SCRATCH / "clean", SCRATCH / "broken"
+    clean, broken = scratch / "clean", scratch / "broken"
     async with await SpannIndex.create(clean, IndexConfig(dim=base.shape[1])) as index:
         start = time.perf_counter()
         await index.build(None, base)
@@ -176,16 +173,20 @@ def _report(samples: dict[str, list[float]], name: str) -> dict[str, float]:
     return headline
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 7")
-    args = parser.parse_args()
-    shutil.rmtree(SCRATCH, ignore_errors=True)
-    SCRATCH.mkdir(parents=True)
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    scratch = args.out / "scrub"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    rounds = 1 if args.smoke else 3 if args.quick else 7
     try:
-        headline = asyncio.run(_main(3 if args.quick else 7))
+        headline = asyncio.run(_main(rounds, scratch, args.smoke))
     finally:
-        shutil.rmtree(SCRATCH, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps({"benchmark": "vectordb_scrub", "cpus": os.cpu_count(), **headline}))
 
 

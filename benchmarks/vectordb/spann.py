@@ -1,15 +1,15 @@
 """Benchmark the disk-resident SPANN index (vectordb, issue 4) against faiss and DiskANN.
 
 For each dataset (debian-minilm; fashion-mnist; a 2M-vector Gaussian mixture fitted to
-debian-minilm -- see _vectordb_data.py) and each system, a sweep of the system's recall knob:
+debian-minilm -- see _data.py) and each system, a sweep of the system's recall knob:
 
 * ``ours``: ``vectordb.SpannIndex``, knob ``SearchParams.max_postings``; page cache dropped
   (``posix_fadvise(DONTNEED)`` on ``index.data_files()``) before every timed search;
 * ``faiss_ondisk``: IVF-Flat with ``OnDiskInvertedLists`` (knob nprobe), closed, fadvised and
-  reopened before every timed search (cold cache; see _vectordb_faiss.py);
+  reopened before every timed search (cold cache; see _faiss.py);
 * ``faiss_ivf`` / ``faiss_hnsw``: IVF-Flat (nprobe) and HNSWFlat M=32 (efSearch) in RAM;
 * ``diskann``: diskannpy 0.7.0's disk index in its own venv (knob L, beam width 4), its PQ codes
-  + node cache sized to our index's resident bytes (equal memory; _vectordb_diskann.py).
+  + node cache sized to our index's resident bytes (equal memory; _diskann.py).
 
 Per setting: recall@10 (|returned ∩ exact top-10| / 10), QPS (the whole query batch in one call,
 2 threads, median single-batch wall time over rounds after one untimed warm-up pass, min-max
@@ -17,7 +17,7 @@ shown), resident bytes, and bytes / 4 KiB pages read per query (ours: the index'
 faiss OnDisk: computed from the probed lists' sizes; in-RAM systems: 0; DiskANN: n/a). Rounds
 run every system and setting back to back.
 Headline: QPS at recall@10 >= 0.90 (log-QPS interpolated along each curve), ours / faiss OnDisk
-and ours / DiskANN. Then the update phase on debian-minilm (_vectordb_update.py): insert the
+and ours / DiskANN. Then the update phase on debian-minilm (_update.py): insert the
 held-out 10%, delete 10%, recall@10 against the exact live top-10 after every step.
 
 Tables and PASS/MISS verdicts go to stdout, the last line being one JSON object; progress to
@@ -28,36 +28,23 @@ them; ours rebuilds when vectordb/*.py changes, and a new build removes its stal
 Quick check (debian-minilm only, 2 rounds, DiskANN only if a cached build exists; about 2
 minutes here with cached builds, plus ~1 minute of builds the first time)::
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py --quick
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.spann --quick
 
 Full mode (3 datasets, 3 rounds; DiskANN built on the small sets, ~7-10 min each the first
 time; the 2M set takes ~26 min with ``--skip diskann,update,fp16,hnsw``: our build 505 s, faiss
 OnDisk 410 s). The recorded runs passed ``--datasets`` one set at a time (RESULTS.md)::
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python benchmarks/vectordb_spann.py
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.spann
 
 ``--datasets debian-minilm,gmm-500000`` picks datasets, ``--skip diskann,update`` drops parts.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_HERE)
-
-
-def _package_first() -> None:
-    """Put the repository root first on ``sys.path``: benchmarks/tiers.py is named like the
-    ``tiers`` package (which vectordb imports), and a script's own directory leads sys.path."""
-    sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT)]
+from benchmarks.vectordb._spann_run import run
 
 
 def main(argv: list[str] | None = None) -> None:
-    _package_first()
-    from _vectordb_run import run
-
     run(argv)
 
 

@@ -1,0 +1,1 @@
+"""Benchmark of the ``dataload`` package: the shuffled loader against its peers (``loader``)."""
