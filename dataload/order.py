@@ -1,14 +1,17 @@
 """The epoch order: a pure function of (seed, epoch) over the whole dataset, sliced per rank.
 
 Every rank computes the same global permutation from ``(seed, epoch)`` alone (numpy's PCG64
-seeded with both), then takes the strided slice ``order[rank::world_size]`` of it. Before
-slicing, the order is made a multiple of ``world_size``: ``"pad"`` repeats samples from the
-start of the order (every sample is seen, ``pad`` of them twice), ``"drop"`` leaves out the last
-``num_samples % world_size`` (each sample at most once). Either way every rank gets the same
-number of samples, so DDP never waits on a rank with fewer batches.
+seeded with a fixed domain word, the seed and the epoch; ``shuffle=False`` gives ``0..n-1``),
+then takes the strided slice ``order[rank::world_size]`` of it. Before slicing, the order is made
+a multiple of ``world_size``: ``"pad"`` appends the first ``world_size - num_samples %
+world_size`` samples of the order again (every sample is seen, those twice), ``"drop"`` leaves
+out the last ``num_samples % world_size`` (each sample at most once). Either way every rank gets
+the same number of samples, so DDP never waits on a rank with fewer batches; ``drop_last`` then
+trims a short last batch the same way at every rank.
 
-Positions inside an epoch are counted in samples of this rank's slice, which makes resume O(1):
-``RankPlan.batch_indices(start, size)`` is plain index arithmetic, nothing is replayed.
+Positions inside an epoch are counted in samples of this rank's share, so a resume replays
+nothing: ``RankPlan.indices(epoch)`` recomputes the epoch's order (one permutation, which the
+loader keeps per epoch) and the loader slices it from the saved position.
 
 Concurrency: everything here is immutable after construction; safe from any thread.
 """
