@@ -122,7 +122,9 @@ class ArrowSource(FileSource):
         batch_of = np.searchsorted(self._first_rows, indices, side="right") - 1
         rows = indices - self._first_rows[batch_of]
         # round 1: fixed values, string offset pairs, validity bytes -- one submission
-        plan, offsets, lengths = [], [], []
+        plan: list[tuple[str, str, int, int]] = []
+        offsets: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
         for name in self.columns:
             kind, width = _kind(self.schema.field(name).type)
             table = self._buffers[name][batch_of]

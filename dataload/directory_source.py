@@ -46,8 +46,10 @@ class DirectorySource(Source):
         if files is None:
             if not self.root.is_dir():
                 raise SourceError(self.name, "not a directory")
-            files = sorted(p for p in self.root.glob(pattern) if p.is_file())
-        self.paths = [os.fspath(p) for p in files]
+            found = sorted(p for p in self.root.glob(pattern) if p.is_file())
+            self.paths = [os.fspath(p) for p in found]
+        else:
+            self.paths = [os.fspath(p) for p in files]
         if not self.paths:
             raise SourceError(self.name, f"no files match {pattern!r}")
         self.sizes = np.array([os.stat(p).st_size for p in self.paths], np.int64)

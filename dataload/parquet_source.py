@@ -131,9 +131,9 @@ class ParquetSource(FileSource):
             lookup = {g: p.tolist() if isinstance(p, np.ndarray) else p for g, p in parts.items()}
             column: list[object] = [None] * n
             for position, (g, r) in enumerate(zip(groups.tolist(), rows.tolist(), strict=True)):
-                values = lookup.get(g)
-                if values is not None:
-                    column[position] = values[r]
+                found = lookup.get(g)
+                if found is not None:
+                    column[position] = found[r]
             out[name] = column
         return out
 
@@ -243,7 +243,7 @@ class ParquetSource(FileSource):
         """Decode ``groups``, whose spans lie back to back in ``data`` from ``place`` on."""
         pieces = {}
         for start, end in spans.tolist():
-            pieces[start] = memoryview(data[place : place + end - start])
+            pieces[start] = memoryview(data[place : place + end - start])  # type: ignore[arg-type]
             place += end - start
         fetched = _FetchedSpans(pieces, self.name, self._size_bytes)
         reader = pq.ParquetFile(fetched, metadata=self._meta, page_checksum_verification=True)
@@ -313,7 +313,7 @@ class _FetchedSpans(io.RawIOBase):
         self._position = base + offset
         return self._position
 
-    def readinto(self, buffer: memoryview) -> int:
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         want = len(buffer)
         for start, piece in self._pieces:
             if start <= self._position and self._position + want <= start + len(piece):

@@ -170,14 +170,14 @@ def sample_errors_from(
     return errors
 
 
-def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[bytes | dict]:
+def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[Any]:
     """Read ``indices`` of ``source`` synchronously (a debugging and testing helper).
 
     Raises the first per-sample error instead of returning a partial list.
     """
     from tiers.io import create_engine
 
-    async def run() -> list[bytes | dict]:
+    async def run() -> list[Any]:
         async with create_engine(engine) as io:
             await source.open(io)
             try:

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.check is not None:
         args.check(args)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # a pipe too
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a pipe too
     logging.basicConfig(format="%(message)s")
     logging.getLogger("tierkit").setLevel(logging.INFO)  # the library's notes, not faiss's
     try:

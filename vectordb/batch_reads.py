@@ -16,7 +16,7 @@ Thread-safety: loop thread only (the buffer's bytes may be read by the scoring t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import numpy as np
@@ -101,7 +101,7 @@ class BatchReads:
         """Start reading those of ``pids`` (unique) not started yet."""
         self.start(np.setdiff1d(pids, self.pids, assume_unique=True), n_groups)
 
-    async def groups(self) -> AsyncIterator[tuple[PostingRead, int, int, int]]:
+    async def groups(self) -> AsyncGenerator[tuple[PostingRead, int, int, int], None]:
         """``(read, batch index of first, first, stop)`` per landed group of lists, unverified
         (see PostingRead.groups), read by read."""
         for read, offset in zip(self.reads, self.offsets, strict=True):

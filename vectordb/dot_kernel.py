@@ -59,7 +59,7 @@ class VectorSpan:
         if not lists:
             return cls(np.zeros(0, np.float32), counts, counts, 1, 0)
         dtype = lists[0].dtype
-        vector_type, vector_at = dtype.fields["vector"]
+        vector_type, vector_at = dtype.fields["vector"][:2]  # type: ignore[index]
         element, dim = vector_type.base, vector_type.shape[0]
         if element == np.float16:  # widened, as the search does
             flat = np.concatenate([r["vector"].astype(np.float32).reshape(-1) for r in lists])
@@ -98,7 +98,10 @@ def score_lists(
     first = np.ascontiguousarray(span.first, np.int64)
     counts = np.ascontiguousarray(span.counts, np.int64)
     first_word = np.ascontiguousarray(span.first_word if checked else span.first, np.int64)
-    salts = check_salts(span.posting_ids) if checked else _NO_WORDS
+    salts = _NO_WORDS
+    if checked:
+        assert span.posting_ids is not None  # a checked span names its lists
+        salts = check_salts(span.posting_ids)
     at = 0  # the span's first list not yet scored
     while at < len(counts):
         bad_list, bad_record = _score(
@@ -147,7 +150,7 @@ def warm_up(record_element: np.dtype[Any]) -> None:
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _score(  # type: ignore[no-untyped-def]
+def _score(  # type: ignore[no-untyped-def,unused-ignore]
     values,
     first,
     counts,

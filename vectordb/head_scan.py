@@ -83,6 +83,8 @@ class BfloatHeads:
         self.scale = 2.0 if metric_is_l2 else 1.0
         self.c = 4 * _U + (self.dim + 8) * 2.0**-24
         self.count = 0
+        self.bits = np.zeros((0, self.dim), np.uint16)
+        self.norms = self.upper_base = self.lower_base = np.zeros(0, np.float32)
         self._grow(max(capacity, len(heads)))
         self.put(0, heads)
 
@@ -92,7 +94,7 @@ class BfloatHeads:
         columns = [np.zeros(capacity, np.float32) for _ in range(3)]
         if old:
             bits[:old] = self.bits[:old]
-            held = (self.norms, self.upper_base, self.lower_base)
+            held = [self.norms, self.upper_base, self.lower_base]
             for column, kept in zip(columns, held, strict=True):
                 column[:old] = kept[:old]
         self.bits = bits
@@ -193,7 +195,7 @@ def _squared_distance(a: Any, b: Any) -> float:
 
 @njit(nogil=True, cache=True)
 def _select(
-    dots: Any, scale: float, upper_base: Any, lower_base: Any, x_slack: Any, y_norms: Any,
+    dots: Any, scale: Any, upper_base: Any, lower_base: Any, x_slack: Any, y_norms: Any,
     queries: Any, heads: Any, l2: bool, out_pos: Any, out_dist: Any,
 ) -> None:  # fmt: skip
     n_queries, n_heads = dots.shape

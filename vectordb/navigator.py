@@ -198,7 +198,7 @@ class Navigator:
             dist, pos = self._search_flat(queries, want)
         else:
             want = min(self._ntotal, k + self._dead)
-            self._index.hnsw.efSearch = max(2 * want, 64)
+            self._index.hnsw.efSearch = max(2 * want, 64)  # type: ignore[attr-defined]
             dist, pos = self._index.search(queries, want)
             if self.metric is not Metric.L2:
                 dist = -dist

@@ -120,7 +120,7 @@ def decode(
         first = int(bad[0])
         record = first  # counted from the start of its own list, not of the batch
         if np.isscalar(posting_ids):
-            pid = posting_ids
+            pid = int(posting_ids)  # type: ignore[arg-type]
         else:
             per_record = np.asarray(posting_ids)
             pid = per_record[first]

@@ -23,7 +23,7 @@ waiting, never the I/O: the engine keeps the buffer alive until its requests fin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -119,7 +119,7 @@ class PostingRead:
         file_offsets = (file_pages - gap) * PAGE_BYTES
         lengths = (gap + pages) * PAGE_BYTES
         buffer_offsets = (first_page - gap) * PAGE_BYTES
-        self._tasks: list[asyncio.Future[None]] = []
+        self._tasks: list[asyncio.Future[Any]] = []
         self.lists_read = int((pages > 0).sum())
         self.requests = 0  # I/O requests submitted (lists back to back in the file share one)
         for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
@@ -153,7 +153,7 @@ class PostingRead:
         them, checked there. float32 and uint8 records: one span over the buffer itself.
         float16 ones: a span per piece of about ``WIDEN_PIECE_BYTES``, widened into this
         thread's scratch (valid until the next piece: use each before asking for the next)."""
-        vector_type, vector_at = self.dtype.fields["vector"]
+        vector_type, vector_at = self.dtype.fields["vector"][:2]  # type: ignore[index]
         element, dim = vector_type.base, vector_type.shape[0]
         size = self.dtype.itemsize
         counts = self.counts[first:stop]
@@ -197,7 +197,7 @@ class PostingRead:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def groups(self, verified: bool = True) -> AsyncIterator[tuple[int, int]]:
+    async def groups(self, verified: bool = True) -> AsyncGenerator[tuple[int, int], None]:
         """Yield ``(first, stop)`` list ranges as their reads complete (any order; a range
         whose lists are all empty comes first), verified unless ``verified=False`` (then the
         caller must :meth:`verify` a range before it trusts a record). Raises the first I/O

@@ -125,7 +125,7 @@ class ProbeScores:
         grid[probe_query, probe_slot] = dist
         grid_ids = np.full((n_queries, width, longest), -1, np.int64)
         grid_ids[probe_query, probe_slot] = self.ids[self._list_of]
-        grid, grid_ids = grid.reshape(n_queries, -1), grid_ids.reshape(n_queries, -1)
+        grid, grid_ids = grid.reshape(n_queries, -1), grid_ids.reshape(n_queries, -1)  # type: ignore[assignment]
         cells = min(k * width, grid.shape[1])
         if cells < grid.shape[1]:
             part = np.argpartition(grid, cells - 1, axis=1)[:, :cells]

@@ -164,7 +164,7 @@ async def _search(
             running.append((rows, asyncio.ensure_future(chunk)))
             # the next chunk's reads start once this one's have landed (the device would idle
             # through its last scoring and top-k); at most two chunks hold read buffers
-            await asyncio.wait(
+            await asyncio.wait(  # type: ignore[type-var]
                 [asyncio.ensure_future(landed.wait()), running[-1][1]],
                 return_when=asyncio.FIRST_COMPLETED,
             )
@@ -291,7 +291,7 @@ async def _search_chunk(
                 lists = read.views(first, stop)
                 ids_live = ProbeScores.live_mask(lists, index.versions)
                 job = (_score_group, read, scores, batch_first, first, lists, ids_live, params)
-                scoring.append(loop.run_in_executor(index.scorer, *job))
+                scoring.append(loop.run_in_executor(index.scorer, *job))  # type: ignore[arg-type,call-arg]
         if landed is not None:
             landed.set()
         outcomes = await asyncio.gather(*scoring, return_exceptions=True)

@@ -19,7 +19,7 @@ import numpy as np
 __all__ = ["SearchResult"]
 
 
-class SearchResult(tuple):  # type: ignore[type-arg]
+class SearchResult(tuple):  # type: ignore[type-arg,unused-ignore]
     """``(ids int64 [Q, k], scores float32 [Q, k])`` plus :attr:`skipped_lists`."""
 
     ids: np.ndarray

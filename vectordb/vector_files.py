@@ -35,7 +35,11 @@ __all__ = [
     "write_ivecs",
 ]
 
-TEXMEX_DTYPES = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
+TEXMEX_DTYPES: dict[str, np.dtype[Any]] = {
+    ".fvecs": np.dtype("<f4"),
+    ".bvecs": np.dtype("u1"),
+    ".ivecs": np.dtype("<i4"),
+}
 
 
 def _row_dtype(dim: int, values: np.dtype[Any]) -> np.dtype[Any]:
@@ -60,7 +64,7 @@ def read_texmex(path: str, values: np.dtype[Any], *, mmap: bool = True) -> np.nd
         if mmap:
             table = np.memmap(path, dtype=rows, mode="r", shape=(count,))
         else:
-            table = np.fromfile(path, dtype=rows, count=count)
+            table = np.fromfile(path, dtype=rows, count=count)  # type: ignore[assignment]
     # Whole rows are checked before the tail, so a ragged file is reported where it goes wrong.
     _check_dims(path, table["dim"], dim, row_bytes)
     if size % row_bytes:

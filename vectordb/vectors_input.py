@@ -185,7 +185,7 @@ def _not_uint8(values: np.ndarray) -> np.ndarray:
 
 
 def _not_uint8_rows(chunk: np.ndarray) -> np.ndarray:
-    return _not_uint8(chunk).any(axis=1)
+    return np.asarray(_not_uint8(chunk).any(axis=1))
 
 
 def load_vectors(

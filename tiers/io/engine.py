@@ -338,7 +338,7 @@ class IOEngine(abc.ABC):
 
     def _raise_first_error(self, batch: IOBatch) -> None:
         first = min(batch.errors)
-        outcome: list[int | BaseException] = batch.results.tolist()
+        outcome: list[int | BaseException] = list(batch.results.tolist())
         for index, error in batch.errors.items():
             outcome[index] = error
         error = batch.errors[first]

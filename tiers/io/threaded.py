@@ -148,10 +148,15 @@ class ThreadEngine(IOEngine):
         for _ in self._workers:
             self._queue.put(_STOP)
         workers, self._workers = self._workers, []
-        await asyncio.to_thread(lambda: [w.join() for w in workers])
+        await asyncio.to_thread(_join_all, workers)
 
 
 def _typed(exc: OSError, batch: IOBatch, row: int) -> StorageError:
     error = error_from_errno(exc.errno or 5, batch.files[row].path, int(batch.offsets[row]))
     error.__cause__ = exc
     return error
+
+
+def _join_all(workers: list[threading.Thread]) -> None:
+    for worker in workers:
+        worker.join()

@@ -18,6 +18,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def _syscall_numbers() -> tuple[int, int]:
 
 
 @functools.cache
-def _syscall() -> ctypes._CFuncPtr:
+def _syscall() -> Any:  # a ctypes function pointer
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long
     return syscall

@@ -210,26 +210,28 @@ def test_a_held_directory_lock_and_a_failed_mkdir_come_through_the_env(tmp_path:
 def test_a_failed_log_cleanup_leaves_a_checkpointed_index_whole(tmp_path: Path) -> None:
     """A checkpoint lists and unlinks old log segments through the Env; EIO there fails the
     call typed, and the index (checkpoint written, old segment still there) reopens whole."""
+    from tiers import IORuntime
     from vectordb import IndexConfig, SpannIndex
 
     env = FaultyEnv()
     vectors = np.random.default_rng(3).normal(size=(300, 8)).astype(np.float32)
 
     async def main() -> None:
-        async with ThreadEngine(2, env=env) as engine:
-            index = await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8), engine=engine)
-            await index.build(None, vectors)
-            await index.insert(np.array([1000]), vectors[:1] + 1)
-            env.fail_next("eio_namespace")
-            with pytest.raises(StorageError) as info:
-                await index.checkpoint()
-            assert info.value.errno == errno.EIO
-            await index.aclose()
-            reopened = await SpannIndex.open(tmp_path / "i", engine=engine)
-            assert reopened.stats()["n_vectors"] == 301
-            ids, _ = await reopened.search(vectors[:1] + 1, 1)
-            assert ids[0, 0] == 1000
-            await reopened.aclose()
+        runtime = IORuntime(engine="thread", queue_depth=2, env=env)
+        index = await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8), runtime=runtime)
+        await index.build(None, vectors)
+        await index.insert(np.array([1000]), vectors[:1] + 1)
+        env.fail_next("eio_namespace")
+        with pytest.raises(StorageError) as info:
+            await index.checkpoint()
+        assert info.value.errno == errno.EIO
+        await index.aclose()
+        reopened = await SpannIndex.open(tmp_path / "i", runtime=runtime)
+        assert reopened.stats()["n_vectors"] == 301
+        ids, _ = await reopened.search(vectors[:1] + 1, 1)
+        assert ids[0, 0] == 1000
+        await reopened.aclose()
+        runtime.close()
         assert env.injected["eio_namespace"] == 1
 
     asyncio.run(main())
