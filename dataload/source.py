@@ -28,7 +28,7 @@ from dataload.errors import (
     SampleReadError,
 )
 from dataload.slabs import SlabPool
-from tiers.io import FileHandle, IOEngine, StorageError
+from tiers.io import FileHandle, IOEngine, IORuntime, StorageError, default_runtime
 
 __all__ = ["FileSource", "SampleBatch", "Source", "read_samples"]
 
@@ -170,20 +170,27 @@ def sample_errors_from(
     return errors
 
 
-def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[Any]:
-    """Read ``indices`` of ``source`` synchronously (a debugging and testing helper).
+def read_samples(
+    source: Source, indices: Any, engine: str = "auto", runtime: IORuntime | None = None
+) -> list[Any]:
+    """Read ``indices`` of ``source`` synchronously (a debugging and testing helper), through
+    ``runtime`` (default: the process's; ``engine`` other than "auto": a private one).
 
     Raises the first per-sample error instead of returning a partial list.
     """
-    from tiers.io import create_engine
+    private = IORuntime(engine=engine) if engine != "auto" and runtime is None else None
+    runtime = runtime or private or default_runtime()
 
     async def run() -> list[Any]:
-        async with create_engine(engine) as io:
+        io = runtime.acquire_engine()
+        try:
             await source.open(io)
             try:
                 batch = await source.read(np.asarray(indices, np.int64), SlabPool(2))
             finally:
                 await source.close()
+        finally:
+            await runtime.release_engine(io)
         if batch.errors:
             raise batch.errors[min(batch.errors)]
         out = [batch.sample(j) for j in range(len(batch))]
@@ -191,4 +198,8 @@ def read_samples(source: Source, indices: Any, engine: str = "auto") -> list[Any
             return [(bytes(view), label) for view, label in out]
         return [bytes(s) if isinstance(s, np.ndarray) else s for s in out]
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        if private is not None:
+            private.close()
