@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tiers.io.errors import CapacityError, EngineClosedError, InvalidArgumentError, NoMemoryError
@@ -93,7 +93,8 @@ class ArenaTier(Tier):
     ) -> Any | None:
         entry = self._index.get(key)
         if entry is None:
-            return self._miss(key)
+            self._miss(key)
+            return None
         offset, size = entry
         if byte_range is not None:
             start, size = resolve_range(size, byte_range)
@@ -103,17 +104,61 @@ class ArenaTier(Tier):
         self.bytes_read += size
         return out
 
+    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+        """Every copy in one synchronous pass (no await between keys, so all come from one
+        state of the arena)."""
+        keys = list(keys)
+        if into is not None and len(into) != len(keys):
+            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
+        index = self._index
+        out: list[Any] = []
+        for slot, key in enumerate(keys):
+            entry = index.get(key)
+            if entry is None:
+                self._miss(key)
+                out.append(None)
+                continue
+            offset, size = entry
+            dst = None if into is None else into[slot]
+            out.append(
+                self._read_new(offset, size) if dst is None else self._read_into(offset, size, dst)
+            )
+            self.hits += 1
+            self.bytes_read += size
+        return out
+
     async def put(self, key: str, data: Any) -> None:
         check_key(key)
         self._check_open()
         source, size = self._source(data)
-        old = self._index.get(key)
-        used_after = self._used_bytes - (old[1] if old else 0) + size
+        self._check_fits({key: size})
+        self._put_now(key, source, size)
+
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """All pairs or none: every key and value is checked, and the capacity for all of them,
+        before the first copy; then the copies run in one synchronous pass."""
+        self._check_open()
+        pairs = dict(items.items() if isinstance(items, Mapping) else items)
+        sources = {}
+        for key, data in pairs.items():
+            check_key(key)
+            sources[key] = self._source(data)
+        self._check_fits({key: size for key, (_, size) in sources.items()})
+        for key, (source, size) in sources.items():
+            self._put_now(key, source, size)
+
+    def _check_fits(self, sizes: dict[str, int]) -> None:
+        index = self._index
+        freed = sum(index[key][1] for key in sizes if key in index)
+        used_after = self._used_bytes - freed + sum(sizes.values())
         if used_after > self.capacity_bytes:
+            what = next(iter(sizes)) if len(sizes) == 1 else f"{len(sizes)} objects"
             raise CapacityError(
-                f"tier {self.name!r}: {size} bytes for {key!r} would make {used_after} of "
-                f"{self.capacity_bytes} bytes used"
+                f"tier {self.name!r}: {sum(sizes.values())} bytes for {what!r} would make "
+                f"{used_after} of {self.capacity_bytes} bytes used"
             )
+
+    def _put_now(self, key: str, source: Any, size: int) -> None:
         offset = self._allocate(key, size)
         try:
             self._write(offset, source, size)

@@ -1,14 +1,19 @@
-"""The object record of an NVMe extent file: the byte-level spec, its writer and its reader.
+"""The object records of an NVMe extent file: the byte-level spec, its writers and its readers.
 
-An NvmeTier object lives in one record: a 64-byte header, the payload right after it, and zero
-padding up to the next multiple of ``RECORD_ALIGNMENT_BYTES`` (4 KiB) so every record starts and
-ends on an O_DIRECT boundary. All integers are little-endian.
+An NvmeTier object lives in one record that starts on a 4 KiB boundary and whose length is a
+multiple of ``RECORD_ALIGNMENT_BYTES`` (4 KiB), so every record moves with O_DIRECT. There are
+two kinds; which one an object has follows from its catalog entry and the tier's format marker
+(below), never from the bytes on disk. All integers are little-endian.
+
+**Header record** (every object of a format-1 tier; in format 2, objects whose size is not a
+positive multiple of 4 KiB, whose padding has room for a header anyway): a 64-byte header, the
+payload right after it, and zero padding up to the next 4 KiB boundary.
 
 ::
 
     offset  size  field
          0     4  magic                 b"TKOR" (tierkit object record)
-         4     2  format_version        1
+         4     2  format_version        1 (the header layout)
          6     2  reserved              0
          8     8  payload_size_bytes    u64
         16     8  version               u64, the catalog version of this put (unique per put)
@@ -19,18 +24,47 @@ ends on an O_DIRECT boundary. All integers are little-endian.
         64     n  payload
       64+n     p  zero padding, 0 <= p < 4096, so that 64 + n + p is a multiple of 4096
 
+Writer: :func:`write_record`; reader: :func:`check_payload`.
+
+**Bare record** (format 2, an object of n = k x 4096 bytes, k >= 1): the n payload bytes and
+nothing else, so a 4 KiB object takes 4 KiB on disk, not 8 KiB. Its header would hold nothing
+the catalog entry does not (size, version, payload CRC-32; the entry is keyed by the key, which
+is what the key hash checks), so the entry is its header. Writer: :func:`write_bare` (copies the
+payload, returns its CRC-32 for the entry); reader: :func:`check_bare` (length and CRC-32 against
+the entry).
+
+**Tier format marker**: ``<tier dir>/FORMAT``, 32 bytes, written once (to a temporary file,
+fsynced, renamed, directory fsynced) when a tier is created or a format-1 tier is first opened
+by a format-2 writer, before any put::
+
+    offset  size  field
+         0     4  magic                 b"TKNF"
+         4     4  tier_format           u32, 2
+         8     8  bare_from_version     u64: an entry of version >= this whose size is a
+                                        positive multiple of 4 KiB is a bare record; every other
+                                        entry is a header record
+        16    12  reserved              zeros
+        28     4  marker_crc32          u32, zlib.crc32 of bytes [0, 28)
+
+A directory without the file is format 1; the first open writes the marker with
+``bare_from_version`` = the catalog's next version, so every record written before stays a
+header record and is read as one. A damaged marker is a CorruptionError, never a guess.
+
 Checksum choice: CRC-32 (zlib's IEEE polynomial) runs at C speed, releases the GIL on large
 buffers, and catches every burst error up to 32 bits and all but 2^-32 of random damage. It
 guards against torn writes, bit rot and stale records, not against an adversary.
 
-The reader trusts nothing in the record: it checks the magic, the header checksum, the format
-version, and then that key hash, size, version and payload checksum all equal what the catalog
-recorded for this key (so a stale record of the same key, or another key's record left in a
-reused extent, is refused even though its own checksums hold). Padding is not checked.
+The readers trust nothing on disk. A header record: magic, header checksum, format version,
+then key hash, size, version and payload checksum must all equal what the catalog recorded for
+this key (a stale record of the same key, or another key's record left in a reused extent, is
+refused even though its own checksums hold). A bare record: its CRC-32 must equal the entry's; a
+stale or foreign record in the extent passes only if it holds exactly the entry's bytes (up to
+CRC-32's 2^-32), which are then the right bytes. Padding is not checked.
 
 Concurrency: pure functions over caller-owned buffers; safe from any thread.
-Invariants: a record the writer produced passes the reader with the same expectations; any
-change to bytes [0, 64 + n) makes the reader raise CorruptionError.
+Invariants: a record either writer produced passes its reader with the same expectations; any
+change to bytes [0, 64 + n) of a header record or [0, n) of a bare one makes the reader raise
+CorruptionError.
 """
 
 from __future__ import annotations
@@ -48,13 +82,21 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_BYTES",
     "MAGIC",
+    "MARKER_BYTES",
     "RECORD_ALIGNMENT_BYTES",
+    "TIER_FORMAT",
     "RecordHeader",
+    "check_bare",
     "check_payload",
+    "is_bare",
     "key_hash",
+    "pack_marker",
     "parse_header",
+    "parse_marker",
     "payload_crc32",
     "record_bytes",
+    "stored_bytes",
+    "write_bare",
     "write_record",
 ]
 
@@ -65,6 +107,11 @@ RECORD_ALIGNMENT_BYTES = 4096
 _HEADER = struct.Struct("<4sHHQQQI24x")  # bytes [0, 60); the header CRC follows at 60
 _CRC = struct.Struct("<I")
 assert _HEADER.size == 60 and _HEADER.size + _CRC.size == HEADER_BYTES
+TIER_FORMAT = 2
+MARKER_MAGIC = b"TKNF"
+MARKER_BYTES = 32
+_MARKER = struct.Struct("<4sIQ12x")  # bytes [0, 28); the marker CRC follows at 28
+assert _MARKER.size + _CRC.size == MARKER_BYTES
 
 
 class RecordHeader(NamedTuple):
@@ -81,14 +128,76 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def record_bytes(payload_size_bytes: int) -> int:
-    """Bytes a record of ``payload_size_bytes`` takes on disk (header + payload + padding)."""
+def is_bare(payload_size_bytes: int) -> bool:
+    """Whether the format-2 writer stores a payload of this size as a bare record."""
+    return payload_size_bytes > 0 and payload_size_bytes % RECORD_ALIGNMENT_BYTES == 0
+
+
+def record_bytes(payload_size_bytes: int, bare: bool = False) -> int:
+    """Bytes a record of ``payload_size_bytes`` takes on disk: a header record (header +
+    payload + padding), or with ``bare`` the payload alone."""
+    if bare:
+        return payload_size_bytes
     mask = RECORD_ALIGNMENT_BYTES - 1
     return (HEADER_BYTES + payload_size_bytes + mask) & ~mask
 
 
+def stored_bytes(payload_size_bytes: int) -> int:
+    """Bytes a put of ``payload_size_bytes`` takes on disk in a format-2 tier."""
+    return record_bytes(payload_size_bytes, is_bare(payload_size_bytes))
+
+
 def payload_crc32(payload: np.ndarray | memoryview | bytes) -> int:
-    return zlib.crc32(payload) & 0xFFFFFFFF
+    data = payload.data if isinstance(payload, np.ndarray) else payload
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def write_bare(record: np.ndarray, payload: np.ndarray) -> int:
+    """Copy ``payload`` (a positive multiple of 4 KiB) into ``record``; returns its CRC-32,
+    taken over the copy (what will be written), for the catalog entry."""
+    size = payload.nbytes
+    if not is_bare(size) or record.nbytes < size:
+        raise InvalidArgumentError(
+            f"a bare record of {size} bytes in a {record.nbytes}-byte buffer"
+        )
+    body = record[:size]
+    body[:] = payload
+    return payload_crc32(body)
+
+
+def check_bare(
+    record: np.ndarray, path: str, offset_bytes: int, *, expect_size_bytes: int, expect_crc32: int
+) -> np.ndarray:
+    """Validate a bare record against its catalog entry; returns the payload (a view).
+
+    Raises: CorruptionError naming ``path`` and ``offset_bytes`` (truncated, or a checksum that
+    is not the entry's: damaged, torn, or not this entry's record).
+    """
+    if record.nbytes < expect_size_bytes:
+        raise CorruptionError("record truncated", path, offset_bytes)
+    payload = record[:expect_size_bytes]
+    if payload_crc32(payload) != expect_crc32:
+        raise CorruptionError("payload checksum mismatch (bare record)", path, offset_bytes)
+    return payload
+
+
+def pack_marker(bare_from_version: int) -> bytes:
+    """The 32 bytes of a tier format marker."""
+    body = _MARKER.pack(MARKER_MAGIC, TIER_FORMAT, bare_from_version)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def parse_marker(raw: bytes, path: str) -> int:
+    """``bare_from_version`` of a marker. Raises CorruptionError naming ``path``."""
+    if len(raw) != MARKER_BYTES:
+        raise CorruptionError(f"tier format marker of {len(raw)} bytes", path)
+    magic, tier_format, bare_from = _MARKER.unpack_from(raw)
+    (stored_crc,) = _CRC.unpack_from(raw, _MARKER.size)
+    if magic != MARKER_MAGIC or zlib.crc32(raw[: _MARKER.size]) != stored_crc:
+        raise CorruptionError("tier format marker damaged", path)
+    if tier_format != TIER_FORMAT:
+        raise CorruptionError(f"unknown tier format {tier_format}", path)
+    return int(bare_from)
 
 
 def write_record(record: np.ndarray, payload: np.ndarray, version: int, key_hash_: int) -> int:

@@ -3,24 +3,34 @@
 Layout of ``directory``::
 
     LOCK                  flock()ed by the one process that has the tier open
+    FORMAT                the tier format marker (tiers.nvme.format, tiers.nvme.marker)
     catalog/              LMDB: key -> (file, offset, size, crc32, version)  (tiers.nvme.catalog)
     extents-00000.dat ... extent files of records, grown as they fill       (tiers.nvme.space)
 
-A record (tiers.nvme.format) is a 64-byte header, the payload and padding to 4 KiB; every byte
-moves through the I/O engine with O_DIRECT (unless ``direct=False``), staged in reusable aligned
-bounce buffers. Opening takes no disk space: extent files are fallocated in steps as records
-need room (ExtentSpace), so a tier's capacity may exceed the free space of its filesystem, and
-its files may grow past ``capacity_bytes`` by record padding, fragmentation and overwrites in
-progress (old and new record coexist until the commit).
+A record (tiers.nvme.format) is a whole number of 4 KiB pages: an object of whole pages is
+stored bare (its identity and CRC-32 only in the catalog entry, so 4 KiB takes 4 KiB), any other
+as a 64-byte header, the payload and padding. Every byte moves through the I/O engine with
+O_DIRECT (unless ``direct=False``), staged in the runtime's shared aligned buffers. Opening takes
+no disk space: extent files are fallocated in steps as records need room (ExtentSpace), so a
+tier's capacity may exceed the free space of its filesystem, and its files may grow past
+``capacity_bytes`` by record padding, fragmentation and overwrites in progress (old and new
+record coexist until the commit).
 
-Crash consistency, by the order of a put: allocate a free extent -> write the record (one
-O_DIRECT write) -> fdatasync the extent file -> commit the catalog entry (an fsynced LMDB
-transaction) -> only then free the key's previous extent. A put is acknowledged after the
-commit. A crash before the commit leaves the old entry, pointing at the old record, untouched;
-after it, the new record is already durable. A delete commits the removal, then frees. So the
-catalog only ever names durable records, and a reopened tier finds every acknowledged object.
-A get re-checks the record against its catalog entry (key hash, size, version, CRC-32 of the
-payload, header CRC) and raises CorruptionError rather than return a wrong byte.
+Machinery comes from an IORuntime (``runtime=``; default: the process's): the engine of the
+caller's loop, leased at ``start`` and released at ``aclose``; staging buffers from
+``runtime.buffers``; blocking calls (directory fsyncs, the marker) on ``runtime.run_blocking``;
+checksums and copies of large payloads on ``runtime.run_cpu``.
+
+Crash consistency, by the order of a put (tiers.nvme.writes): allocate a free extent -> write the
+record -> fdatasync the extent file (shared by concurrent puts: GroupSync) -> commit the catalog
+entry (an fsynced LMDB transaction, group-committed) -> only then free the key's previous
+extent. A put is acknowledged after the commit. A crash before the commit leaves the old entry,
+pointing at the old record, untouched; after it, the new record is already durable. A delete
+commits the removal, then frees. So the catalog only ever names durable records, and a reopened
+tier finds every acknowledged object. A get re-checks the record against its catalog entry
+(size, version, CRC-32 of the payload; key hash and header CRC for a header record) and raises
+CorruptionError rather than return a wrong byte. ``get_many`` reads all its records in one
+engine submission; ``put_many`` writes them in one and shares one durability point.
 
 A byte-range get still reads and checks the whole record: the checksum covers the whole payload.
 
@@ -38,11 +48,10 @@ nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -52,16 +61,19 @@ from tiers.io.byte_views import is_tensor
 from tiers.io.engine import IOEngine
 from tiers.io.env import default_env
 from tiers.io.errors import (
-    CapacityError,
     CorruptionError,
     EngineClosedError,
     FileMissingError,
     InvalidArgumentError,
 )
-from tiers.nvme.catalog import Catalog, CatalogEntry
-from tiers.nvme.format import RECORD_ALIGNMENT_BYTES, key_hash, record_bytes
-from tiers.nvme.records import RecordIO, writable_view
+from tiers.io.runtime import IORuntime, default_runtime
+from tiers.nvme.catalog import Catalog
+from tiers.nvme.format import RECORD_ALIGNMENT_BYTES, key_hash
+from tiers.nvme.group_sync import GroupSync
+from tiers.nvme.marker import load_marker
+from tiers.nvme.records import RecordIO, RecordRead, writable_view
 from tiers.nvme.space import ExtentSpace, default_file_bytes, extent_file_name
+from tiers.nvme.writes import NvmeWrites
 from tiers.storage.directory import fsync_directory, lock_directory, unlock_directory
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.tier import ByteRange, Tier, check_key, resolve_range
@@ -69,7 +81,7 @@ from tiers.storage.tier import ByteRange, Tier, check_key, resolve_range
 __all__ = ["NvmeTier"]
 
 
-class NvmeTier(Tier):
+class NvmeTier(NvmeWrites, Tier):
     """The NVMe tier. Use ``await NvmeTier.open(...)`` (or construct, then ``await start()``).
 
     Args:
@@ -77,8 +89,8 @@ class NvmeTier(Tier):
         create: make a new tier when ``directory`` holds none (creating the directory too);
             False (the default) raises FileMissingError instead, so a mistyped path is an
             error, not a new, empty tier that makes the user's data look lost.
-        engine: the I/O engine to use (the caller keeps owning it); default: ``create_engine()``,
-            owned and closed by the tier.
+        runtime: the IORuntime whose engine (of the loop that starts the tier), buffers and
+            executors the tier uses; default: ``default_runtime()``.
         extent_file_bytes: size an extent file grows to before the next one starts (capped to
             the capacity); files grow in steps of at most 64 MiB. Default: 256 MiB, or more for
             a tier above 64 GiB, so that a full tier has about 256 files open.
@@ -97,8 +109,7 @@ class NvmeTier(Tier):
         capacity_bytes: int,
         directory: str | os.PathLike[str],
         *,
-        engine: IOEngine | None = None,
-        owns_engine: bool | None = None,
+        runtime: IORuntime | None = None,
         extent_file_bytes: int | None = None,
         direct: bool = True,
         create: bool = False,
@@ -112,19 +123,21 @@ class NvmeTier(Tier):
         self.direct = direct
         self.create = create
         self.extent_file_bytes = _round_up(min(extent_file_bytes, capacity_bytes))
-        self.engine = engine
-        # None: the tier closes the engine only when it made it
-        self._owns_engine = engine is None if owns_engine is None else owns_engine
+        self.runtime = runtime
+        self.engine: IOEngine | None = None  # leased from the runtime by start()
         self._catalog: Catalog | None = None
         self._space: ExtentSpace | None = None
         self._records: RecordIO | None = None
+        self._syncs: GroupSync | None = None
         self._lock_fd: int | None = None
         self._state = "new"  # new -> starting -> open -> closing -> closed
         self._damaged: set[str] = set()  # keys whose catalog entry names impossible space
         self._reserved_bytes = 0  # charged to puts in flight, not yet committed
+        self._bare_from = 1  # entries of this version and above may be bare (the marker)
         self._ops = OpGuard()
         self.counters = dict.fromkeys(("gets", "hits", "misses", "puts", "deletes"), 0)
         self.counters["corruptions"] = 0
+        self.counters["fdatasyncs"] = 0
 
     @classmethod
     async def open(
@@ -142,13 +155,15 @@ class NvmeTier(Tier):
 
         Raises: FileMissingError (no tier there and not ``create``), PermissionDeniedError /
         InvalidArgumentError (directory unusable), StorageError (EBUSY: another tier has it
-        open), DirectIOUnsupportedError.
+        open), CorruptionError (a damaged catalog or format marker), DirectIOUnsupportedError.
         """
         if self._state != "new":
             raise InvalidArgumentError(f"tier {self.name!r} was already started")
         self._state = "starting"
+        runtime = self.runtime = self.runtime or default_runtime()
         catalog_path = os.path.join(self.directory, "catalog")
-        exists = await asyncio.to_thread(os.path.isfile, os.path.join(catalog_path, "data.mdb"))
+        data_path = os.path.join(catalog_path, "data.mdb")
+        exists = await runtime.run_blocking(os.path.isfile, data_path)
         if not self.create and not exists:
             self._state = "closed"
             raise FileMissingError(
@@ -158,22 +173,23 @@ class NvmeTier(Tier):
                 self.directory,
             )
         try:
-            if self.engine is None:
-                from tiers.io.factory import create_engine
-
-                self.engine = create_engine()
-            self._lock_fd = lock_directory(self.directory, self.engine.env)
-            self._records = RecordIO(self.engine)
+            engine = self.engine = runtime.acquire_engine()
+            env = engine.env
+            self._lock_fd = lock_directory(self.directory, env)
+            self._records = RecordIO(engine, runtime.buffers, runtime.run_cpu)
+            self._syncs = GroupSync(engine)
             self._catalog = Catalog(catalog_path)
             await self._catalog.open()
+            next_version = self._catalog.next_version
+            self._bare_from = await runtime.run_blocking(
+                load_marker, env, self.directory, next_version
+            )
             # LMDB fsyncs its files, not their names: make catalog/ and its files findable.
             for path in (catalog_path, self.directory):
-                await asyncio.to_thread(fsync_directory, self.engine.env, path)
-            self._space = ExtentSpace(
-                self.engine, self.directory, self.extent_file_bytes, self.direct
-            )
+                await runtime.run_blocking(fsync_directory, env, path)
+            self._space = ExtentSpace(engine, self.directory, self.extent_file_bytes, self.direct)
             used = (
-                (key, e.file_index, e.offset_bytes, record_bytes(e.size_bytes))
+                (key, e.file_index, e.offset_bytes, self._entry_bytes(e))
                 for key, e in self._catalog.entries.items()
             )
             self._damaged = await self._space.open(used)
@@ -206,47 +222,43 @@ class NvmeTier(Tier):
         self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
     ) -> Any | None:
         check_key(key)
-        catalog, space, records = self._open_catalog(), self._space, self._records
-        assert space is not None and records is not None
-        self.counters["gets"] += 1
-        entry = catalog.entries.get(key)
-        if entry is None:
-            self.counters["misses"] += 1
-            return None
-        offset, size = resolve_range(entry.size_bytes, byte_range)
-        out = None if into is None else writable_view(into, size)
-        if key in self._damaged:
-            self.counters["corruptions"] += 1
-            raise CorruptionError(
-                f"catalog entry of {key!r} names space past its extent file or another's",
-                self._file_path(entry.file_index),
-                entry.offset_bytes,
-            )
-        address = space.address_of(entry.file_index, entry.offset_bytes)
-        space.pin(address)  # no await since the lookup: the extent is still this entry's
-        try:
-            with self._ops.track():
-                file, file_offset = space.locate(address)
-                result = await records.read(
-                    file, file_offset, entry, key_hash(key), offset, size, out
-                )
-        except CorruptionError:
-            self.counters["corruptions"] += 1
-            raise
-        finally:
-            space.unpin(address)
-        self.counters["hits"] += 1
-        return result if into is None else into
+        self._open_catalog()
+        return (await self._read([key], [into], byte_range))[0]
+
+    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+        """The objects of ``keys``, aligned with them (None where absent), read in one engine
+        submission; ``into``: one destination per key (or None), as ``get``'s.
+
+        Raises: as ``get``, for the first key that fails (nothing is returned then).
+        """
+        keys = list(keys)
+        for key in keys:
+            check_key(key)
+        if into is not None and len(into) != len(keys):
+            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
+        self._open_catalog()
+        return await self._read(keys, into if into is not None else [None] * len(keys), None)
 
     async def put(self, key: str, data: Any) -> None:
         check_key(key)
         self._open_catalog()
-        device = getattr(data, "device", None)
-        if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
-            data = data.detach().cpu()  # the host engine stages through host memory
-        ref = as_buffer(data)
-        payload = np.frombuffer(ref.memoryview(), np.uint8) if ref.size_bytes else _EMPTY
-        await self._ops.shielded(self._put(key, payload, ref))
+        payload, owner = _payload(data)
+        await self._ops.shielded(self._put_items({key: payload}, [owner]))
+
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Store every (key, data) pair (a later pair of the same key wins) with one write
+        submission, one fdatasync per extent file and one catalog commit; returns when all are
+        durable. Raises as ``put`` (a CapacityError for the whole batch changes nothing)."""
+        pairs = items.items() if isinstance(items, Mapping) else items
+        payloads: dict[str, np.ndarray] = {}
+        owners = []
+        for key, data in pairs:
+            check_key(key)
+            payloads[key], owner = _payload(data)
+            owners.append(owner)
+        self._open_catalog()
+        if payloads:
+            await self._ops.shielded(self._put_items(payloads, owners))
 
     async def delete(self, key: str) -> bool:
         check_key(key)
@@ -267,10 +279,13 @@ class NvmeTier(Tier):
         out.update(self.counters)
         out["reserved_bytes"] = self._reserved_bytes
         out["damaged_entries"] = len(self._damaged)
+        out["bare_from_version"] = self._bare_from
         if self._records is not None:
             out["bytes_read"] = self._records.bytes_read
             out["bytes_written"] = self._records.bytes_written
-            out["bounce_buffer_hits"] = self._records.buffers.hits
+        if self._syncs is not None:
+            out["fdatasyncs"] = self._syncs.syncs
+            out["fdatasync_waits"] = self._syncs.waits
         if self._catalog is not None:
             out["catalog_commits"] = self._catalog.commits
         if self._space is not None:
@@ -279,70 +294,57 @@ class NvmeTier(Tier):
             out["engine"] = self.engine.name
         return out
 
-    # ----------------------------------------------------------------- put / delete
-    async def _put(self, key: str, payload: np.ndarray, owner: Any) -> None:
-        catalog, space = self._catalog, self._space
-        assert catalog is not None and space is not None
-        size = payload.nbytes
-        async with self._ops.key(key):
-            old = catalog.entries.get(key)
-            old_damaged = key in self._damaged
-            reserve = max(0, size - (old.size_bytes if old is not None else 0))
-            if catalog.used_bytes + self._reserved_bytes + reserve > self.capacity_bytes:
-                raise CapacityError(
-                    f"tier {self.name!r}: {size} bytes for {key!r} do not fit: "
-                    f"{catalog.used_bytes} used + {self._reserved_bytes} reserved of "
-                    f"{self.capacity_bytes}"
+    # ----------------------------------------------------------------- reads
+    async def _read(
+        self, keys: list[str], into: list[Any], byte_range: ByteRange | None
+    ) -> list[Any]:
+        catalog, space, records = self._catalog, self._space, self._records
+        assert catalog is not None and space is not None and records is not None
+        self.counters["gets"] += len(keys)
+        results: list[Any] = [None] * len(keys)
+        reads: list[RecordRead] = []
+        slots: list[int] = []
+        entries = catalog.entries
+        for slot, key in enumerate(keys):
+            entry = entries.get(key)
+            if entry is None:
+                continue
+            offset, size = resolve_range(entry.size_bytes, byte_range)
+            out = None if into[slot] is None else writable_view(into[slot], size)
+            if key in self._damaged:
+                self.counters["corruptions"] += 1
+                raise CorruptionError(
+                    f"catalog entry of {key!r} names space past its extent file or another's",
+                    self._file_path(entry.file_index),
+                    entry.offset_bytes,
                 )
-            self._reserved_bytes += reserve
-            try:
-                await self._write_and_commit(key, payload, catalog, space)
-            finally:
-                self._reserved_bytes -= reserve
-            del owner  # the payload has been copied into the record
-            self._damaged.discard(key)
-            if old is not None and not old_damaged:
-                space.release(
-                    space.address_of(old.file_index, old.offset_bytes),
-                    record_bytes(old.size_bytes),
-                )
-            self.counters["puts"] += 1
-
-    async def _write_and_commit(
-        self, key: str, payload: np.ndarray, catalog: Catalog, space: ExtentSpace
-    ) -> None:
-        """Steps 1-4 of a put: allocate, write, fdatasync, commit. On any failure the extent
-        goes back to the free space and the catalog is as it was."""
-        assert self._records is not None
-        total = record_bytes(payload.nbytes)
-        address = await space.allocate(total)
-        committed = False
+            bare = self._is_bare(entry)
+            file = space.files.get(entry.file_index)
+            if file is None:
+                raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
+            reads.append(
+                RecordRead(file, entry.offset_bytes, entry, key_hash(key), bare, offset, size, out)
+            )
+            slots.append(slot)
+        self.counters["misses"] += len(keys) - len(reads)
+        if not reads:
+            return results
+        addresses = [space.address_of(r.entry.file_index, r.offset) for r in reads]
+        for address in addresses:  # no await since the lookups: the extents are still theirs
+            space.pin(address)
         try:
-            file_index, file_offset = space.split(address)
-            version = catalog.take_version()
-            file = space.files[file_index]
-            crc = await self._records.write(file, file_offset, payload, version, key_hash(key))
-            entry = CatalogEntry(file_index, file_offset, payload.nbytes, crc, version)
-            await catalog.apply(key, entry)  # the record is durable: now the catalog names it
-            committed = True
+            with self._ops.track():
+                got = await records.read_many(reads)
+        except CorruptionError:
+            self.counters["corruptions"] += 1
+            raise
         finally:
-            if not committed:
-                space.release(address, total)  # never named by the catalog: free at once
-
-    async def _delete(self, key: str) -> bool:
-        catalog, space = self._catalog, self._space
-        assert catalog is not None and space is not None
-        async with self._ops.key(key):
-            old = catalog.entries.get(key)
-            if old is None:
-                return False
-            await catalog.apply(key, None)
-            if key not in self._damaged:
-                address = space.address_of(old.file_index, old.offset_bytes)
-                space.release(address, record_bytes(old.size_bytes))
-            self._damaged.discard(key)
-            self.counters["deletes"] += 1
-            return True
+            for address in addresses:
+                space.unpin(address)
+        self.counters["hits"] += len(reads)
+        for slot, value in zip(slots, got, strict=True):
+            results[slot] = value if into[slot] is None else into[slot]
+        return results
 
     # ----------------------------------------------------------------- helpers
     def _file_path(self, file_index: int) -> str:
@@ -358,14 +360,23 @@ class NvmeTier(Tier):
             await self._catalog.close()
         if self._space is not None:
             await self._space.close()
-        if self._owns_engine and self.engine is not None:
-            with contextlib.suppress(EngineClosedError):
-                await self.engine.aclose()
-        if self._records is not None:
-            self._records.buffers.clear()
+        engine, self.engine = self.engine, None
         if self._lock_fd is not None:
-            unlock_directory(self._lock_fd, self.engine.env if self.engine else default_env)
+            unlock_directory(self._lock_fd, engine.env if engine else default_env)
             self._lock_fd = None
+        if engine is not None and self.runtime is not None:
+            with contextlib.suppress(EngineClosedError):
+                await self.runtime.release_engine(engine)
+
+
+def _payload(data: Any) -> tuple[np.ndarray, Any]:
+    """(the bytes of ``data`` as a uint8 array, what keeps them alive), checked before any I/O."""
+    device = getattr(data, "device", None)
+    if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
+        data = data.detach().cpu()  # the host engine stages through host memory
+    ref = as_buffer(data)
+    payload = np.frombuffer(ref.memoryview(), np.uint8) if ref.size_bytes else _EMPTY
+    return payload, ref
 
 
 _EMPTY = np.empty(0, np.uint8)

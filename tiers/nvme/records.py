@@ -1,109 +1,126 @@
 """RecordIO: moves object records (tiers.nvme.format) between memory and extent files.
 
-A write stages the payload as a record in an aligned bounce buffer, writes it in one request
-(O_DIRECT needs aligned memory, offsets and lengths, which a caller's buffer seldom is), and
-fdatasyncs the file, so the record is durable when :meth:`RecordIO.write` returns. A read moves
-the whole record into a bounce buffer in one request, checks it against its catalog entry, and
-copies the asked range into the destination. Records above 1 GiB move as 1 GiB requests of one
-batch (the kernel moves at most ~2 GiB per call). Copies and checksums of payloads of 1 MiB and
-more run in a worker thread (numpy and zlib release the GIL) so the loop keeps serving others.
+A write stages the payload as a record (header record, or bare for whole pages) in an aligned
+buffer from the runtime's shared cache (O_DIRECT needs aligned memory, offsets and lengths,
+which a caller's buffer seldom is) and writes it in one request; it does not sync: the caller
+makes it durable through a GroupSync, so concurrent puts share one fdatasync. ``write_many``
+stages every record of a put_many in one buffer and writes them in one engine submission.
+A read moves whole records into one staging buffer in one submission (``read_many``: any
+number of records, in any files), checks each against its catalog entry, and copies the asked
+range into the destination. Records above 1 GiB move as 1 GiB requests of the same submission
+(the kernel moves at most ~2 GiB per call). Copies and checksums of 1 MiB and more run on the
+runtime's CPU executor (numpy and zlib release the GIL) so the loop keeps serving others.
 
-Concurrency: loop thread only. Each request holds its own bounce buffer. A read cancelled while
-its I/O is in flight drops its buffer instead of recycling it: the engine may still be filling it.
-Invariants: no byte reaches the caller before its record passed every check of
-``nvme_format.check_payload``; a bounce buffer is in the cache or held by one request, not both.
+Concurrency: loop thread only. Each call holds its own staging buffer. A read cancelled while
+its I/O is in flight drops its buffer instead of recycling it: the engine may still be filling
+it. Invariants: no byte reaches the caller before its record passed every check of
+``format.check_payload`` / ``format.check_bare``; a staging buffer is in the cache or held by
+one call, not both.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tiers.io.batch import READ, WRITE, IOBatch
 from tiers.io.bounce import BounceBuffers
 from tiers.io.buffers import aligned_empty, as_buffer
 from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import CorruptionError, InvalidArgumentError, StorageError
 from tiers.nvme.catalog import CatalogEntry
-from tiers.nvme.format import check_payload, record_bytes, write_record
+from tiers.nvme.format import check_bare, check_payload, record_bytes, write_bare, write_record
 
-__all__ = ["RecordIO", "writable_view"]
+__all__ = ["RecordIO", "RecordRead", "RecordWrite", "writable_view"]
 
 _CHUNK_BYTES = 1 << 30  # one request moves at most this
-_OFFLOAD_BYTES = 1 << 20  # copies and CRCs of larger payloads run off the loop thread
+_OFFLOAD_BYTES = 1 << 20  # copies and CRCs of more bytes than this run off the loop thread
 _EMPTY = np.empty(0, np.uint8)
+RunCpu = Callable[..., Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class RecordRead:
+    """One record to read: where, what the catalog says it is, and which part goes where."""
+
+    file: FileHandle
+    offset: int
+    entry: CatalogEntry
+    key_hash: int
+    bare: bool
+    range_offset: int
+    range_bytes: int
+    out: np.ndarray | None  # None: a new array (a view of the staging buffer)
+
+
+@dataclass(slots=True)
+class RecordWrite:
+    file: FileHandle
+    offset: int
+    payload: np.ndarray
+    version: int
+    key_hash: int
+    bare: bool
 
 
 class RecordIO:
-    """Record reads and writes through ``engine``, staged in reused bounce buffers."""
+    """Record reads and writes through ``engine``, staged in buffers of ``buffers``."""
 
-    def __init__(self, engine: IOEngine) -> None:
+    def __init__(self, engine: IOEngine, buffers: BounceBuffers, run_cpu: RunCpu) -> None:
         self.engine = engine
-        self.buffers = BounceBuffers()
+        self.buffers = buffers
+        self._run_cpu = run_cpu
         self.bytes_read = 0
         self.bytes_written = 0
 
-    async def write(
-        self, file: FileHandle, offset: int, payload: np.ndarray, version: int, key_hash: int
-    ) -> int:
-        """Write the record of ``payload`` at ``offset`` and fdatasync; returns the payload CRC.
+    async def write_many(self, writes: list[RecordWrite]) -> list[int]:
+        """Write every record in one submission (not synced); returns the payload CRCs.
 
         Must not be cancelled (callers shield it): the buffer goes back to the cache at the end.
         """
-        total = record_bytes(payload.nbytes)
-        buffer = self.buffers.take(total)
+        totals = [record_bytes(w.payload.nbytes, w.bare) for w in writes]
+        starts = np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64).tolist()
+        buffer = self.buffers.take(max(1, sum(totals)))
         try:
-            record = buffer[:total]
-            if payload.nbytes >= _OFFLOAD_BYTES:
-                crc = await asyncio.to_thread(write_record, record, payload, version, key_hash)
+            if sum(totals) >= _OFFLOAD_BYTES:
+                crcs = await self._run_cpu(_stage_all, buffer, writes, starts, totals)
             else:
-                crc = write_record(record, payload, version, key_hash)
-            await self._transfer(True, file, offset, record)
+                crcs = _stage_all(buffer, writes, starts, totals)
+            rows = [
+                (w.file, w.offset, s, t) for w, s, t in zip(writes, starts, totals, strict=True)
+            ]
+            await self._transfer(WRITE, buffer, rows)
         finally:
             self.buffers.give(buffer)
-        self.bytes_written += total
-        await self.engine.fsync(file, datasync=True)
-        return crc
+        self.bytes_written += sum(totals)
+        return crcs
 
-    async def read(
-        self,
-        file: FileHandle,
-        offset: int,
-        entry: CatalogEntry,
-        key_hash: int,
-        range_offset: int,
-        range_bytes: int,
-        out: np.ndarray | None,
-    ) -> np.ndarray:
-        """Read the record at ``offset``, check it against ``entry``, and return ``range_bytes``
-        payload bytes from ``range_offset``: copied into ``out`` (then returned), or, when
-        ``out`` is None, as a new array.
+    async def read_many(self, reads: list[RecordRead]) -> list[np.ndarray]:
+        """Read every record in one submission, check each against its entry, and return each
+        asked range: copied into its ``out`` (then returned), or as a new array (a view of a
+        fresh staging buffer, which saves a copy).
 
-        A new array is a view of the record buffer itself when it covers most of the record,
-        which saves a copy and the page faults of a second fresh buffer.
-        Raises: CorruptionError (truncated, or not the record ``entry`` describes),
-        StorageError (the device failed the read).
+        Raises: CorruptionError (truncated, or not the record its entry describes),
+        StorageError (the device failed a read); nothing is returned then.
         """
-        total = record_bytes(entry.size_bytes)
-        in_place = out is None and 2 * range_bytes >= total
-        buffer = aligned_empty(total) if in_place else self.buffers.take(total)
+        totals = [record_bytes(r.entry.size_bytes, r.bare) for r in reads]
+        starts = np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64).tolist()
+        total = sum(totals)
+        in_place = any(r.out is None for r in reads)
+        buffer = aligned_empty(max(total, 1)) if in_place else self.buffers.take(total)
         recycle = False
         try:
-            record = buffer[:total]
-            got = await self._transfer(False, file, offset, record)
-            self.bytes_read += got
-            if got < total:
-                raise CorruptionError(
-                    f"record truncated: {got} of {total} bytes before end of file",
-                    file.path,
-                    offset,
-                )
-            args = (record, file.path, offset, entry, key_hash)
-            if entry.size_bytes >= _OFFLOAD_BYTES:
-                payload = await asyncio.to_thread(_checked_payload, *args)
+            rows = [(r.file, r.offset, s, t) for r, s, t in zip(reads, starts, totals, strict=True)]
+            got = await self._transfer(READ, buffer, rows)
+            self.bytes_read += int(got.sum())
+            args = (buffer, reads, starts, totals, got)
+            if total >= _OFFLOAD_BYTES:
+                results = await self._run_cpu(_check_all, *args)
             else:
-                payload = _checked_payload(*args)
+                results = _check_all(*args)
             recycle = not in_place
         except (CorruptionError, StorageError):
             recycle = not in_place  # the engine finished with the buffer before this was raised
@@ -111,24 +128,93 @@ class RecordIO:
         finally:
             if recycle:
                 self.buffers.give(buffer)
-        part = payload[range_offset : range_offset + range_bytes]
-        if in_place:
-            return part
-        result = np.empty(range_bytes, np.uint8) if out is None else out
-        result[:] = part  # below 1 MiB or a small part of a big object: cheap
-        return result
+        return results
 
-    async def _transfer(self, write: bool, file: FileHandle, offset: int, record: Any) -> int:
-        """Move a whole record in one request (or 1 GiB requests of one batch); bytes moved."""
-        n = record.nbytes
-        if n <= _CHUNK_BYTES:
-            if write:
-                return await self.engine.write_from(file, offset, record)
-            return await self.engine.read_into(file, offset, record)
-        starts = np.arange(0, n, _CHUNK_BYTES, dtype=np.int64)
-        lengths = np.minimum(_CHUNK_BYTES, n - starts)
-        batch = self.engine.write_batch if write else self.engine.read_batch
-        return int((await batch(file, record, offset + starts, lengths, starts)).sum())
+    async def _transfer(
+        self, op: int, buffer: np.ndarray, rows: list[tuple[FileHandle, int, int, int]]
+    ) -> np.ndarray:
+        """Move rows (file, file offset, buffer offset, bytes) in one submission, rows above
+        1 GiB as 1 GiB requests; returns the bytes moved per row."""
+        files: list[FileHandle] = []
+        offsets: list[int] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        row_of: list[int] = []
+        for index, (file, offset, start, size) in enumerate(rows):
+            for part in range(0, max(size, 1), _CHUNK_BYTES):
+                files.append(file)
+                offsets.append(offset + part)
+                starts.append(start + part)
+                lengths.append(min(_CHUNK_BYTES, size - part))
+                row_of.append(index)
+        ref = as_buffer(buffer)
+        n = len(files)
+        batch = IOBatch(
+            np.full(n, op, np.uint8),
+            files,
+            np.asarray(starts, np.uint64) + np.uint64(ref.address),
+            np.asarray(lengths, np.int64),
+            np.asarray(offsets, np.int64),
+            [ref.owner],
+            op,
+        )
+        batch.validate()
+        await self.engine.run(batch)
+        return np.bincount(np.asarray(row_of), weights=batch.results, minlength=len(rows)).astype(
+            np.int64
+        )
+
+
+def _stage_all(
+    buffer: np.ndarray, writes: list[RecordWrite], starts: list[int], totals: list[int]
+) -> list[int]:
+    crcs = []
+    for w, start, total in zip(writes, starts, totals, strict=True):
+        record = buffer[start : start + total]
+        if w.bare:
+            crcs.append(write_bare(record, w.payload))
+        else:
+            crcs.append(write_record(record, w.payload, w.version, w.key_hash))
+    return crcs
+
+
+def _check_all(
+    buffer: np.ndarray,
+    reads: list[RecordRead],
+    starts: list[int],
+    totals: list[int],
+    got: np.ndarray,
+) -> list[np.ndarray]:
+    results = []
+    for r, start, total, moved in zip(reads, starts, totals, got.tolist(), strict=True):
+        path = r.file.path
+        if moved < total:
+            raise CorruptionError(
+                f"record truncated: {moved} of {total} bytes before end of file", path, r.offset
+            )
+        record = buffer[start : start + total]
+        entry = r.entry
+        if r.bare:
+            payload = check_bare(
+                record, path, r.offset, expect_size_bytes=entry.size_bytes, expect_crc32=entry.crc32
+            )
+        else:
+            payload = check_payload(
+                record,
+                path,
+                r.offset,
+                expect_key_hash=r.key_hash,
+                expect_size_bytes=entry.size_bytes,
+                expect_version=entry.version,
+                expect_crc32=entry.crc32,
+            )
+        part = payload[r.range_offset : r.range_offset + r.range_bytes]
+        if r.out is None:
+            results.append(part)
+        else:
+            r.out[: r.range_bytes] = part
+            results.append(r.out)
+    return results
 
 
 def writable_view(into: Any, size_bytes: int) -> np.ndarray:
@@ -144,17 +230,3 @@ def writable_view(into: Any, size_bytes: int) -> np.ndarray:
     if not size_bytes:
         return _EMPTY
     return np.frombuffer(ref.memoryview(0, size_bytes), np.uint8)
-
-
-def _checked_payload(
-    record: np.ndarray, path: str, offset: int, entry: CatalogEntry, key_hash: int
-) -> np.ndarray:
-    return check_payload(
-        record,
-        path,
-        offset,
-        expect_key_hash=key_hash,
-        expect_size_bytes=entry.size_bytes,
-        expect_version=entry.version,
-        expect_crc32=entry.crc32,
-    )

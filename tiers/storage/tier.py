@@ -5,6 +5,9 @@ exception). The caller may pass the destination buffer (``into=``, a numpy array
 or other writable buffer) and a byte range, so a hit costs one copy into memory the caller
 already owns. Every object is charged its size in bytes against ``capacity_bytes``.
 
+``get_many``/``put_many`` move many objects per call; the base class loops over ``get``/``put``
+and a tier overrides them where it can batch the I/O (one submission, one durability point).
+
 Concurrency: a tier belongs to one asyncio loop; call it from that loop's thread. Any number of
 gets and puts may interleave; a get returns either the old or the new bytes of a key being
 overwritten, never a mix, and never bytes of another key.
@@ -15,7 +18,7 @@ Invariants: ``used_bytes`` is the sum of the sizes of the objects held;
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tiers.io.errors import InvalidArgumentError
@@ -96,6 +99,30 @@ class Tier(abc.ABC):
         """Store a copy of ``data`` (any contiguous buffer or tensor) under ``key``, replacing
         any previous object. Raises CapacityError when it cannot fit, leaving the tier as it was.
         """
+
+    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+        """Whole objects of ``keys``, aligned with them: each as ``get`` returns it, None where
+        absent. ``into``: one destination per key (or None for a new buffer), caller-owned.
+
+        This default gets one key after another; tiers that can batch (NvmeTier: one engine
+        submission) override it. Raises as ``get`` (nothing is returned then).
+        """
+        keys = list(keys)
+        if into is not None and len(into) != len(keys):
+            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
+        outs = into if into is not None else [None] * len(keys)
+        return [await self.get(key, into=out) for key, out in zip(keys, outs, strict=True)]
+
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """``put`` every (key, data) pair, a later pair of the same key winning; returns when
+        all are stored (durable, on a persistent tier: NvmeTier shares one durability point).
+
+        This default puts one after another and stops at the first failure (the pairs before
+        it stay stored); tiers that can batch override it.
+        """
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for key, data in dict(pairs).items():
+            await self.put(key, data)
 
     @abc.abstractmethod
     async def delete(self, key: str) -> bool:

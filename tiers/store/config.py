@@ -1,7 +1,8 @@
 """Store configuration: a dict or a TOML file, validated into tiers and a TieredStore.
 
     policy = "cost"            # lru | lfu | cost
-    engine = "auto"            # auto | uring | thread | gds (the I/O engine of NVMe tiers)
+    engine = "auto"            # auto | uring | thread | gds (the I/O engine of NVMe tiers;
+                               # other than auto: a private IORuntime with that engine)
     write_through = true       # optional; default: true when an NVMe tier exists
     promote_on_hit = true      # optional
 
@@ -35,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from tiers.io.errors import ConfigError, DirectIOUnsupportedError, FileMissingError, NoMemoryError
-from tiers.io.factory import ENGINE_KINDS, create_engine
+from tiers.io.factory import ENGINE_KINDS
+from tiers.io.runtime import IORuntime, default_runtime
 from tiers.nvme.space import FILE_STRIDE_BYTES
 from tiers.storage.config_checks import (
     Check,
@@ -182,7 +184,7 @@ def _writable_directory(directory: str, create: bool, where: str) -> str:
     return directory
 
 
-async def _build_tier(spec: dict[str, Any], engine_kind: str, where: str) -> Tier:
+async def _build_tier(spec: dict[str, Any], runtime: IORuntime, where: str) -> Tier:
     kind, name, capacity = spec["kind"], spec["name"], spec["capacity"]
     extra = {k: v for k, v in spec.items() if k in _TIER_KEYS[kind] and k != "path"}
     if kind != "nvme":
@@ -192,20 +194,12 @@ async def _build_tier(spec: dict[str, Any], engine_kind: str, where: str) -> Tie
             raise ConfigError(str(exc), where) from exc
     from tiers.nvme.nvme_tier import NvmeTier
 
-    engine = create_engine(engine_kind)
     try:
-        return await NvmeTier.open(
-            name, capacity, spec["path"], engine=engine, owns_engine=True, **extra
-        )
+        return await NvmeTier.open(name, capacity, spec["path"], runtime=runtime, **extra)
     except DirectIOUnsupportedError as exc:
-        await engine.aclose()
         raise ConfigError(f"{exc}; set direct = false to use the page cache", where) from exc
     except FileMissingError as exc:
-        await engine.aclose()
         raise ConfigError(exc.strerror or str(exc), f"{where}.path") from exc
-    except BaseException:
-        await engine.aclose()
-        raise
 
 
 def _memory_tier(kind: str, name: str, capacity: int, extra: dict[str, Any]) -> Tier:
@@ -222,14 +216,27 @@ def _memory_tier(kind: str, name: str, capacity: int, extra: dict[str, Any]) -> 
     return CxlTier(name, capacity, **extra)
 
 
-async def open_store(source: dict[str, Any] | str | os.PathLike[str]) -> TieredStore:
-    """Validate ``source`` and open its tiers and store (call from the store's event loop)."""
+async def open_store(
+    source: dict[str, Any] | str | os.PathLike[str], runtime: IORuntime | None = None
+) -> TieredStore:
+    """Validate ``source`` and open its tiers and store (call from the store's event loop).
+
+    ``runtime``: the IORuntime the NVMe tiers lease their engine, buffers and executors from
+    (default: ``default_runtime()``). A configured ``engine`` other than "auto" asks for a
+    private runtime with that engine instead, closed with the store; giving both is an error.
+    """
     config = load_config(source)
+    owned: IORuntime | None = None
+    if config["engine"] != "auto":
+        if runtime is not None:
+            raise ConfigError("give runtime= or an engine other than auto, not both", "engine")
+        owned = runtime = IORuntime(engine=config["engine"])
+    runtime = runtime or default_runtime()
     tiers: list[Tier] = []
     try:
         for index, spec in enumerate(config["tiers"]):
-            tiers.append(await _build_tier(spec, config["engine"], f"tiers[{index}]"))
-        return TieredStore(
+            tiers.append(await _build_tier(spec, runtime, f"tiers[{index}]"))
+        store = TieredStore(
             tiers,
             config["policy"],
             write_through=config.get("write_through"),
@@ -238,4 +245,8 @@ async def open_store(source: dict[str, Any] | str | os.PathLike[str]) -> TieredS
     except BaseException:
         for tier in tiers:
             await tier.aclose()
+        if owned is not None:
+            owned.close()
         raise
+    store.owned_runtime = owned
+    return store

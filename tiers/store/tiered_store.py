@@ -9,6 +9,11 @@ object is. Pinned objects never move. With ``write_through`` (the default when a
 exists) every put also lands on the persistent tier before it returns, so an acknowledged put
 survives a crash; without it, ``flush()`` makes everything durable.
 
+``get_many`` groups its keys by the tier serving each and reads each group with one
+``Tier.get_many`` (one engine submission on NVMe), with the bookkeeping of single gets;
+``put_many`` writes through to the persistent tier with one ``Tier.put_many`` (one shared
+durability point). A store made by ``open_store`` with a private runtime closes it in ``aclose``.
+
 Concurrency: loop thread only. Mutations (put, delete, pin, migration) hold one asyncio lock;
 gets take no lock and read the copy that is fastest when they start (tiers guarantee a get sees
 old or new bytes, never a mix).
@@ -18,9 +23,9 @@ Invariants: ``_entries[key].copies`` lists, ascending, exactly the tiers holding
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
@@ -28,6 +33,7 @@ import numpy as np
 from tiers.io.buffers import as_buffer
 from tiers.io.byte_views import is_tensor
 from tiers.io.errors import CapacityError, InvalidArgumentError
+from tiers.io.runtime import IORuntime
 from tiers.storage.tier import ByteRange, Tier, check_key
 from tiers.store.policy import make_policy
 from tiers.store.stats import TierCounters
@@ -85,6 +91,7 @@ class TieredStore:
         self._lock = asyncio.Lock()
         self._promoting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.owned_runtime: IORuntime | None = None  # closed by aclose (set by open_store)
         for index, tier in enumerate(self.tiers):  # objects that survived a restart
             if tier.supports_persistence:
                 for key in list(tier.keys()):
@@ -102,7 +109,7 @@ class TieredStore:
             self.counters[-1].misses += 1
             return None
         index = entry.copies[0]
-        start = time.perf_counter_ns()
+        start = perf_counter_ns()
         result = await self.tiers[index].get(key, into=into, byte_range=byte_range)
         if result is None:  # deleted or overwritten while we looked: read the current state
             return (
@@ -110,7 +117,62 @@ class TieredStore:
                 if key in self._entries and self._entries[key] is not entry
                 else None
             )
-        self.counters[index].record_hit(time.perf_counter_ns() - start)
+        self._hit(key, entry, index, result, byte_range, perf_counter_ns() - start)
+        return result
+
+    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+        """Whole objects of ``keys``, aligned with them (None where absent), each from its
+        fastest copy: the keys served by one tier are read with one ``Tier.get_many`` (one
+        engine submission on NVMe), the tiers concurrently. Hits, misses, policy touches and
+        promotions are counted and scheduled as ``get`` of each key would.
+
+        ``into``: one destination per key (or None), caller-owned.
+        """
+        keys = list(keys)
+        if into is not None and len(into) != len(keys):
+            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
+        outs = into if into is not None else [None] * len(keys)
+        results: list[Any] = [None] * len(keys)
+        groups: dict[int, list[tuple[int, str, _Entry]]] = {}
+        for slot, key in enumerate(keys):
+            entry = self._entries.get(key)
+            if entry is None:
+                self.counters[-1].misses += 1
+            else:
+                groups.setdefault(entry.copies[0], []).append((slot, key, entry))
+
+        async def serve(index: int, members: list[tuple[int, str, _Entry]]) -> None:
+            start = perf_counter_ns()
+            got = await self.tiers[index].get_many(
+                [key for _, key, _ in members], [outs[slot] for slot, _, _ in members]
+            )
+            elapsed = perf_counter_ns() - start
+            for (slot, key, entry), result in zip(members, got, strict=True):
+                if result is None:  # deleted or overwritten meanwhile: as get would
+                    current = self._entries.get(key)
+                    if current is not None and current is not entry:
+                        results[slot] = await self.get(key, into=outs[slot])
+                    continue
+                self._hit(key, entry, index, result, None, elapsed)
+                results[slot] = result
+
+        if len(groups) == 1:
+            await serve(*next(iter(groups.items())))
+        elif groups:
+            await asyncio.gather(*(serve(index, members) for index, members in groups.items()))
+        return results
+
+    def _hit(
+        self,
+        key: str,
+        entry: _Entry,
+        index: int,
+        result: Any,
+        byte_range: ByteRange | None,
+        elapsed_ns: int,
+    ) -> None:
+        """The bookkeeping of a get served by tier ``index``: counters, policy, promotion."""
+        self.counters[index].record_hit(elapsed_ns)
         self._policies[index].touch(key)
         if index:
             for counters in self.counters[:index]:
@@ -121,7 +183,6 @@ class TieredStore:
                 staged = _private_copy(result, entry.size_bytes) if byte_range is None else None
                 self._promoting.add(key)
                 self._spawn(self._promote(key, entry, staged))
-        return result
 
     def size_of(self, key: str) -> int | None:
         entry = self._entries.get(key)
@@ -146,30 +207,69 @@ class TieredStore:
         check_key(key)
         size = _nbytes(data)
         async with self._lock:
-            old = self._entries.get(key)
-            placed: list[int] = []
+            await self._put_locked(key, data, size, pin, durable_done=False)
+
+    async def put_many(
+        self, items: Mapping[str, Any] | Iterable[tuple[str, Any]], *, pin: bool = False
+    ) -> None:
+        """``put`` every (key, data) pair (a later pair of the same key wins). With
+        write-through, all go to the persistent tier in one ``Tier.put_many`` (one write
+        submission, one fdatasync per file, one catalog commit) before the fast tiers take
+        their copies; returns once all are stored. Raises CapacityError at the first pair
+        that cannot be placed (the pairs before it stay stored)."""
+        pairs = dict(items.items() if isinstance(items, Mapping) else items)
+        for key in pairs:
+            check_key(key)
+        sizes = {key: _nbytes(data) for key, data in pairs.items()}
+        async with self._lock:
             durable = self._durable_tier if self.write_through else None
-            if durable is not None:  # durable first: a failure here changes nothing
-                if not await self._place(durable, key, data, size):
-                    raise CapacityError(f"no room for {size} bytes on the persistent tier")
-                placed.append(durable)
-            for index in range(len(self.tiers)):
-                if index != durable and await self._place(index, key, data, size):
-                    placed.append(index)
-                    break
-            if not placed:
-                raise CapacityError(f"no tier can make room for {size} bytes under {key!r}")
-            for index in old.copies if old else []:
-                if index not in placed:  # a stale copy of the previous object
-                    await self._drop_copy(key, index)
-            self._entries[key] = _Entry(size, sorted(placed), pin or bool(old and old.pinned))
-            for index in placed:
-                self._policies[index].admit(key, size, self._refetch_s(index, size))
+            batched = False
+            if durable is not None and len(pairs) > 1:
+                batched = await self._place_many(durable, pairs, sizes)
+            for key, data in pairs.items():
+                await self._put_locked(key, data, sizes[key], pin, durable_done=batched)
+
+    async def _place_many(self, index: int, pairs: dict[str, Any], sizes: dict[str, int]) -> bool:
+        """Put every pair on tier ``index`` with one ``put_many``; False (nothing done) when
+        they do not fit together, and the caller places them one by one."""
+        total = sum(sizes.values())
+        if total > self.tiers[index].capacity_bytes:
+            return False
+        if not await self._make_room(index, total, exclude=pairs):
+            return False
+        try:
+            await self.tiers[index].put_many(pairs)
+        except CapacityError:
+            return False
+        return True
+
+    async def _put_locked(
+        self, key: str, data: Any, size: int, pin: bool, *, durable_done: bool
+    ) -> None:
+        old = self._entries.get(key)
+        placed: list[int] = []
+        durable = self._durable_tier if self.write_through else None
+        if durable is not None:  # durable first: a failure here changes nothing
+            if not durable_done and not await self._place(durable, key, data, size):
+                raise CapacityError(f"no room for {size} bytes on the persistent tier")
+            placed.append(durable)
+        for index in range(len(self.tiers)):
+            if index != durable and await self._place(index, key, data, size):
+                placed.append(index)
+                break
+        if not placed:
+            raise CapacityError(f"no tier can make room for {size} bytes under {key!r}")
+        for index in old.copies if old else []:
+            if index not in placed:  # a stale copy of the previous object
+                await self._drop_copy(key, index)
+        self._entries[key] = _Entry(size, sorted(placed), pin or bool(old and old.pinned))
+        for index in placed:
+            self._policies[index].admit(key, size, self._refetch_s(index, size))
 
     async def _place(self, index: int, key: str, data: Any, size: int) -> bool:
         if size > self.tiers[index].capacity_bytes:
             return False
-        return await self._make_room(index, size, exclude=key) and await self._try_put(
+        return await self._make_room(index, size, exclude=(key,)) and await self._try_put(
             index, key, data
         )
 
@@ -236,7 +336,7 @@ class TieredStore:
     async def _promote_into(self, target: int, key: str, entry: _Entry, staged: Any) -> bool:
         if entry.size_bytes > self.tiers[target].capacity_bytes:
             return False
-        return await self._make_room(target, entry.size_bytes, exclude=key) and (
+        return await self._make_room(target, entry.size_bytes, exclude=(key,)) and (
             await self._copy_to(key, entry, target, staged)
         )
 
@@ -252,13 +352,13 @@ class TieredStore:
         )
         return True
 
-    async def _make_room(self, index: int, size: int, exclude: str) -> bool:
+    async def _make_room(self, index: int, size: int, exclude: Container[str]) -> bool:
         tier = self.tiers[index]
         if tier.free_bytes >= size:
             return True
         for victim in self._policies[index].victims():
             entry = self._entries.get(victim)
-            if victim == exclude or entry is None or entry.pinned:
+            if victim in exclude or entry is None or entry.pinned:
                 continue
             await self._evict(victim, entry, index)
             if tier.free_bytes >= size:
@@ -276,7 +376,7 @@ class TieredStore:
             and below not in entry.copies
             and (only_copy or not self.tiers[below].supports_persistence)
         ):
-            moved = await self._make_room(below, entry.size_bytes, exclude=key) and (
+            moved = await self._make_room(below, entry.size_bytes, exclude=(key,)) and (
                 await self._copy_to(key, entry, below)
             )
             if moved:
@@ -332,3 +432,5 @@ class TieredStore:
         await self.drain()
         for tier in self.tiers:
             await tier.aclose()
+        if self.owned_runtime is not None:
+            self.owned_runtime.close()  # open_store made it for this store alone

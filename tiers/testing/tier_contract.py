@@ -212,3 +212,84 @@ class TierContract(abc.ABC):
                 assert set(tier.keys()) == set(model)
 
         self.go(tmp_path, body, capacity_bytes=capacity)
+
+    def test_get_many_and_put_many(self, tmp_path: Path) -> None:
+        values = {f"m{i}": _payload(1000 * i + 4096 * (i % 2), 100 + i) for i in range(6)}
+
+        async def body(tier: Tier) -> None:
+            await tier.put_many(values)
+            assert tier.used_bytes == sum(v.nbytes for v in values.values())
+            keys = ["m3", "absent", "m0", "m5", "m3"]
+            got = await tier.get_many(keys)
+            assert got[1] is None and len(got) == len(keys)
+            for key, value in zip(keys, got, strict=True):
+                if key in values:
+                    assert as_bytes(value) == values[key].tobytes()
+            outs = [np.zeros(10_000, np.uint8) for _ in keys]
+            filled = await tier.get_many(keys, into=outs)
+            assert filled[0] is outs[0] and filled[1] is None
+            assert outs[3][: values["m5"].nbytes].tobytes() == values["m5"].tobytes()
+            with pytest.raises(InvalidArgumentError):
+                await tier.get_many(keys, into=outs[:2])
+            with pytest.raises(InvalidArgumentError):  # a destination too small, before any I/O
+                await tier.get_many(["m5"], into=[np.zeros(10, np.uint8)])
+            await tier.put_many([("m0", b"first"), ("m0", b"second"), ("m9", b"")])
+            assert as_bytes(await tier.get("m0")) == b"second"
+            assert (await tier.get_many([])) == []
+
+        self.go(tmp_path, body)
+
+    def test_put_many_that_cannot_fit_changes_nothing(self, tmp_path: Path) -> None:
+        async def body(tier: Tier) -> None:
+            await tier.put("a", _payload(30_000, 1))
+            with pytest.raises(CapacityError):
+                await tier.put_many({"a": _payload(50_000, 2), "b": _payload(30_000, 3)})
+            assert as_bytes(await tier.get("a")) == _payload(30_000, 1).tobytes()
+            assert tier.size_of("b") is None and tier.used_bytes == 30_000
+
+        self.go(tmp_path, body, capacity_bytes=64 * 1024)
+
+    @_PROPERTY
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["put_many", "get_many", "delete"]),
+                st.lists(
+                    st.tuples(st.sampled_from([f"k{i}" for i in range(6)]), st.integers(0, 9000)),
+                    max_size=5,
+                ),
+            ),
+            max_size=25,
+        )
+    )
+    def test_batches_match_a_dict(
+        self, tmp_path: Path, ops: list[tuple[str, list[tuple[str, int]]]]
+    ) -> None:
+        async def body(tier: Tier) -> None:
+            model: dict[str, bytes] = {}
+            for step, (op, pairs) in enumerate(ops):
+                keys = [key for key, _ in pairs]
+                if op == "put_many":
+                    items = [
+                        (k, _payload(n, 1000 * step + i).tobytes())
+                        for i, (k, n) in enumerate(pairs)
+                    ]
+                    await tier.put_many(items)
+                    model.update(items)
+                elif op == "get_many":
+                    sizes = [max(1, len(model.get(k, b""))) for k in keys]
+                    outs = [np.zeros(n, np.uint8) for n in sizes] if step % 2 else None
+                    got = await tier.get_many(keys, into=outs)
+                    assert len(got) == len(keys)
+                    for key, value in zip(keys, got, strict=True):
+                        assert (value is None) == (key not in model)
+                        if value is not None:
+                            assert as_bytes(value)[: len(model[key])] == model[key]
+                else:
+                    for key in keys:
+                        assert await tier.delete(key) == (key in model)
+                        model.pop(key, None)
+                assert tier.used_bytes == sum(len(v) for v in model.values())
+                assert set(tier.keys()) == set(model)
+
+        self.go(tmp_path, body, capacity_bytes=1 << 20)

@@ -186,22 +186,26 @@ def test_a_held_directory_lock_and_a_failed_mkdir_come_through_the_env(tmp_path:
     """The directory lock and the tier directory's creation go through the Env: a lock held by
     another owner is EBUSY, an EIO is a typed error naming the directory, no descriptor leaks,
     and the next open works."""
-    from tiers import NvmeTier
+    from tiers import IORuntime, NvmeTier
 
     env = FaultyEnv()
 
     async def main() -> None:
         async with ThreadEngine(2, env=env) as engine:
+            runtime = IORuntime(engine=lambda *_: engine)
+            runtime.acquire_engine()  # the test's lease: a failed open must not close it
             before = _open_fds()
             for kind, code in (("lock_held", errno.EBUSY), ("eio_namespace", errno.EIO)):
                 env.fail_next(kind)  # type: ignore[arg-type]
                 with pytest.raises(StorageError) as info:
-                    await NvmeTier.open("n", 1 << 20, tmp_path / "t", engine=engine, create=True)
+                    await NvmeTier.open("n", 1 << 20, tmp_path / "t", runtime=runtime, create=True)
                 assert info.value.errno == code and info.value.filename == str(tmp_path / "t")
                 assert _open_fds() == before
-            tier = await NvmeTier.open("n", 1 << 20, tmp_path / "t", engine=engine, create=True)
+            tier = await NvmeTier.open("n", 1 << 20, tmp_path / "t", runtime=runtime, create=True)
             await tier.put("k", b"v")
             await tier.aclose()
+            await runtime.release_engine(engine)
+        runtime.close()
         assert env.injected["lock_held"] == 1 and env.injected["eio_namespace"] == 1
 
     asyncio.run(main())

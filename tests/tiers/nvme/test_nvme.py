@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tiers.io.batch import READ, IOBatch
+from tiers.io.engine import IOEngine
 from tiers.io.env import Env
 from tiers.io.errors import (
     CorruptionError,
@@ -25,6 +26,7 @@ from tiers.io.errors import (
     PermissionDeniedError,
     StorageError,
 )
+from tiers.io.runtime import IORuntime
 from tiers.io.threaded import ThreadEngine
 from tiers.nvme import records as nvme_records
 from tiers.nvme.catalog import Catalog
@@ -64,10 +66,19 @@ def _run(body: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(body())  # type: ignore[arg-type]
 
 
+def lease(engine: IOEngine) -> IORuntime:
+    """A runtime that serves ``engine``, with one lease held for the test, so a tier's aclose
+    does not close it (the test does). Call from the loop the tiers run on."""
+    runtime = IORuntime(engine=lambda *_: engine)
+    runtime.acquire_engine()
+    return runtime
+
+
 def assert_space_consistent(tier: NvmeTier) -> None:
     """Free extent bytes are exactly the file bytes no live record holds."""
     stats = tier.stats()
-    live = sum(record_bytes(tier.size_of(key) or 0) for key in sorted(tier.keys()))
+    entries = tier._open_catalog().entries
+    live = sum(tier._entry_bytes(entries[key]) for key in sorted(tier.keys()))
     assert stats["extent_free_bytes"] == stats["extent_file_bytes"] - live
     assert stats["reserved_bytes"] == 0 and stats["extents_pinned"] == 0
     assert stats["extent_frees_deferred"] == 0
@@ -210,7 +221,7 @@ def test_disk_space_is_taken_as_records_need_it(tmp_path: Path) -> None:
 def test_a_failed_write_leaves_a_consistent_store(tmp_path: Path, fault: Any) -> None:
     async def main() -> None:
         engine = FaultyEngine(ThreadEngine(4))
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, runtime=lease(engine), create=True)
         await tier.put("a", _data(30_000, 1))
         before = tier.stats()
         for key, size in (("b", 10_000), ("a", 50_000)):  # a new key, then an overwrite
@@ -276,14 +287,18 @@ class _FullDiskEnv(Env):
 def test_no_space_for_a_new_extent_file(tmp_path: Path) -> None:
     async def main() -> None:
         engine = ThreadEngine(4, env=_FullDiskEnv(0))
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "a", engine=engine, create=True)
+        tier = await NvmeTier.open(
+            "nvme", 64 * 1024, tmp_path / "a", runtime=lease(engine), create=True
+        )
         with pytest.raises(NoSpaceError):  # opening takes no space; the first record does
             await tier.put("a", _data(1000, 1))
         assert tier.size_of("a") is None and tier.stats()["extent_file_bytes"] == 0
         await tier.aclose()
 
         engine.env = _FullDiskEnv(1)  # room for the first file's growth, not for another
-        tier = await NvmeTier.open("nvme", 64 * 1024, tmp_path / "b", engine=engine, create=True)
+        tier = await NvmeTier.open(
+            "nvme", 64 * 1024, tmp_path / "b", runtime=lease(engine), create=True
+        )
         await tier.put("a", _data(40_000, 1))
         with pytest.raises(NoSpaceError):  # old and new record together need a second file
             await tier.put("a", _data(60_000, 2))
@@ -319,7 +334,7 @@ def test_an_overwrite_does_not_reuse_an_extent_being_read(tmp_path: Path) -> Non
 
     async def main() -> None:
         engine = _GatedReads(ThreadEngine(4))
-        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
+        tier = await NvmeTier.open("nvme", 1 << 20, tmp_path, runtime=lease(engine), create=True)
         await tier.put("k", old)
         old_place = tier.locate("k")
         engine.gate.clear()
@@ -444,9 +459,9 @@ def test_a_filesystem_without_direct_io(tmp_path: Path) -> None:
     async def main() -> None:
         engine = ThreadEngine(4, env=_NoDirectEnv())
         with pytest.raises(DirectIOUnsupportedError):
-            await NvmeTier.open("nvme", 1 << 20, tmp_path, engine=engine, create=True)
+            await NvmeTier.open("nvme", 1 << 20, tmp_path, runtime=lease(engine), create=True)
         tier = await NvmeTier.open(
-            "nvme", 1 << 20, tmp_path, engine=engine, direct=False, create=True
+            "nvme", 1 << 20, tmp_path, runtime=lease(engine), direct=False, create=True
         )
         await tier.put("k", b"buffered")
         assert as_bytes(await tier.get("k")) == b"buffered"

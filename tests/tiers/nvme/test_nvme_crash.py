@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.tiers.nvme import nvme_crash_writer as writer
-from tests.tiers.nvme.test_nvme import assert_space_consistent
+from tests.tiers.nvme.test_nvme import assert_space_consistent, lease
 from tiers.io.errors import EngineClosedError
 from tiers.io.threaded import ThreadEngine
 from tiers.nvme.nvme_tier import NvmeTier
@@ -55,7 +55,7 @@ async def _run_with_cut(directory: Path, seed: int, cut_at: int) -> tuple[dict[s
             "nvme",
             CAPACITY_BYTES,
             directory,
-            engine=engine,
+            runtime=lease(engine),
             extent_file_bytes=EXTENT_FILE_BYTES,
             create=True,
         )
@@ -86,7 +86,6 @@ async def _verify(directory: Path, expected: dict[str, bytes]) -> None:
         "nvme",
         CAPACITY_BYTES,
         directory,
-        engine=None,
         extent_file_bytes=EXTENT_FILE_BYTES,
         create=True,
     )

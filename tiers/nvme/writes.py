@@ -1,0 +1,162 @@
+"""NvmeWrites: the put, put_many and delete half of NvmeTier, with group commit.
+
+A put of one object and a put_many of many run the same steps, the many at once:
+
+1. hold the per-key locks (sorted, so two put_manys cannot deadlock), check the capacity for
+   all of them and reserve it (a CapacityError changes nothing);
+2. allocate a free extent per object;
+3. stage every record and write them in one engine submission (RecordIO.write_many);
+4. fdatasync each extent file written, shared with every other put in flight (GroupSync);
+5. commit every catalog entry: the catalog group-commits, so all entries of a put_many, and
+   those of concurrent puts, go in one fsynced LMDB transaction;
+6. only then free each key's previous extent, and acknowledge.
+
+So a put is acknowledged only when its record is fdatasynced and its entry committed, while N
+concurrent puts share about one fdatasync per file and one commit instead of N of each. On any
+failure before a key's commit its new extent is freed and its old entry stays: a failed put
+changes nothing. A put_many is not atomic across keys against a crash (each entry names a
+durable record, so any subset that committed is correct); it raises the first failure.
+
+Concurrency: loop thread only; run inside ``OpGuard.shielded`` (a cancelled caller cannot leave
+an extent allocated or the catalog and extents disagreeing).
+Invariants: see NvmeTier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import numpy as np
+
+from tiers.io.errors import CapacityError
+from tiers.nvme.catalog import Catalog, CatalogEntry
+from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
+from tiers.nvme.group_sync import GroupSync
+from tiers.nvme.records import RecordIO, RecordWrite
+from tiers.nvme.space import ExtentSpace
+from tiers.storage.op_guard import OpGuard
+
+__all__ = ["NvmeWrites"]
+
+
+class NvmeWrites:
+    """Mixed into NvmeTier; the attributes below are the tier's."""
+
+    name: str
+    capacity_bytes: int
+    counters: dict[str, int]
+    _catalog: Catalog | None
+    _space: ExtentSpace | None
+    _records: RecordIO | None
+    _syncs: GroupSync | None
+    _ops: OpGuard
+    _damaged: set[str]
+    _reserved_bytes: int
+    _bare_from: int
+
+    def _entry_bytes(self, entry: CatalogEntry) -> int:
+        """Bytes the entry's record takes on disk (bare or header record, by the marker)."""
+        return record_bytes(entry.size_bytes, self._is_bare(entry))
+
+    def _is_bare(self, entry: CatalogEntry) -> bool:
+        return entry.version >= self._bare_from and is_bare(entry.size_bytes)
+
+    async def _put_items(self, items: dict[str, np.ndarray], owners: list[Any]) -> None:
+        catalog, space = self._catalog, self._space
+        assert catalog is not None and space is not None
+        async with contextlib.AsyncExitStack() as locks:
+            for key in sorted(items):
+                await locks.enter_async_context(self._ops.key(key))
+            old = {key: catalog.entries.get(key) for key in items}
+            had = {key: entry.size_bytes if entry else 0 for key, entry in old.items()}
+            reserve = sum(max(0, payload.nbytes - had[key]) for key, payload in items.items())
+            if catalog.used_bytes + self._reserved_bytes + reserve > self.capacity_bytes:
+                size = sum(p.nbytes for p in items.values())
+                raise CapacityError(
+                    f"tier {self.name!r}: {size} bytes for {len(items)} object(s) "
+                    f"({next(iter(items))!r}...) do not fit: {catalog.used_bytes} used + "
+                    f"{self._reserved_bytes} reserved of {self.capacity_bytes}"
+                )
+            self._reserved_bytes += reserve
+            try:
+                committed, error = await self._write_and_commit(items, catalog, space)
+            finally:
+                self._reserved_bytes -= reserve
+            del owners  # every payload has been copied into its record
+            for key in committed:
+                was = old[key]
+                if was is not None and key not in self._damaged:
+                    space.release(
+                        space.address_of(was.file_index, was.offset_bytes), self._entry_bytes(was)
+                    )
+                self._damaged.discard(key)
+            self.counters["puts"] += len(committed)
+            if error is not None:
+                raise error
+
+    async def _write_and_commit(
+        self, items: dict[str, np.ndarray], catalog: Catalog, space: ExtentSpace
+    ) -> tuple[list[str], BaseException | None]:
+        """Steps 2-5: (the keys committed, the first commit error). Whatever fails, the new
+        extent of every key that did not commit is freed."""
+        assert self._records is not None and self._syncs is not None
+        extents: dict[str, tuple[int, int]] = {}  # key -> (address, bytes)
+        committed: list[str] = []
+        try:
+            for key, payload in items.items():
+                total = stored_bytes(payload.nbytes)
+                extents[key] = (await space.allocate(total), total)
+            writes = []
+            for key, payload in items.items():
+                file_index, file_offset = space.split(extents[key][0])
+                bare = is_bare(payload.nbytes)
+                version = catalog.take_version()
+                file = space.files[file_index]
+                writes.append(RecordWrite(file, file_offset, payload, version, key_hash(key), bare))
+            crcs = await self._records.write_many(writes)
+            files = {id(w.file): w.file for w in writes}
+            await asyncio.gather(*(self._syncs.sync(file) for file in files.values()))
+            self.counters["fdatasyncs"] = self._syncs.syncs
+            # The records are durable: now the catalog may name them. Tasks made in one step
+            # reach the catalog's queue together, so they share one transaction.
+            applies = {
+                key: asyncio.ensure_future(
+                    catalog.apply(
+                        key,
+                        CatalogEntry(
+                            space.split(extents[key][0])[0],
+                            w.offset,
+                            w.payload.nbytes,
+                            crc,
+                            w.version,
+                        ),
+                    )
+                )
+                for (key, w, crc) in zip(items, writes, crcs, strict=True)
+            }
+            await asyncio.gather(*applies.values(), return_exceptions=True)
+            committed = [key for key, task in applies.items() if task.exception() is None]
+            errors = [task.exception() for task in applies.values() if task.exception()]
+            return committed, errors[0] if errors else None
+        finally:
+            done = set(committed)
+            for key, (address, total) in extents.items():
+                if key not in done:
+                    space.release(address, total)  # never named by the catalog: free at once
+
+    async def _delete(self, key: str) -> bool:
+        catalog, space = self._catalog, self._space
+        assert catalog is not None and space is not None
+        async with self._ops.key(key):
+            old = catalog.entries.get(key)
+            if old is None:
+                return False
+            await catalog.apply(key, None)
+            if key not in self._damaged:
+                address = space.address_of(old.file_index, old.offset_bytes)
+                space.release(address, self._entry_bytes(old))
+            self._damaged.discard(key)
+            self.counters["deletes"] += 1
+            return True
