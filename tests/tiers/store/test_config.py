@@ -505,3 +505,30 @@ def test_a_mistyped_nvme_path_is_an_error_not_a_new_empty_tier(tmp_path: Path) -
         await store.aclose()
 
     asyncio.run(made_then_reopened())
+
+
+def test_open_store_leases_from_the_given_runtime_or_a_private_one(tmp_path: Path) -> None:
+    from tiers.io.runtime import IORuntime
+
+    def config(engine: str) -> dict[str, Any]:
+        tier = {"kind": "nvme", "capacity": "1MiB", "path": str(tmp_path / engine), "create": True}
+        return {"engine": engine, "tiers": [tier]}
+
+    async def main() -> None:
+        runtime = IORuntime(engine="thread")
+        store = await open_store(config("auto"), runtime=runtime)
+        assert store.tiers[0].runtime is runtime and store.owned_runtime is None  # type: ignore[attr-defined]
+        assert runtime.stats()["leases"] == 1
+        await store.put("k", b"v")
+        await store.aclose()
+        assert runtime.stats()["leases"] == 0 and not runtime.closed
+        with pytest.raises(ConfigError, match="not both"):
+            await open_store(config("thread"), runtime=runtime)
+        runtime.close()
+        store = await open_store(config("thread"))
+        private = store.owned_runtime
+        assert private is not None and store.tiers[0].engine.name == "thread"  # type: ignore[attr-defined]
+        await store.aclose()
+        assert private.closed
+
+    asyncio.run(main())

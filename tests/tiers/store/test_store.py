@@ -77,6 +77,27 @@ class StoreMachine(RuleBasedStateMachine):
         if got is not None:
             assert as_bytes(got) == self.model[key]
 
+    @rule(keys=st.lists(KEYS, max_size=5), into=st.booleans())
+    def get_many(self, keys: list[str], into: bool) -> None:
+        outs = [np.zeros(7_000, np.uint8) for _ in keys] if into else None
+        got = self.run(self.store.get_many(keys, into=outs))
+        for key, value in zip(keys, got, strict=True):
+            assert (value is None) == (key not in self.model)
+            if value is not None:
+                assert as_bytes(value)[: len(self.model[key])] == self.model[key]
+
+    @rule(pairs=st.lists(st.tuples(KEYS, st.integers(0, 7_000)), max_size=4))
+    def put_many(self, pairs: list[tuple[str, int]]) -> None:
+        self.step += 1
+        items = [(key, _value(size, 100 * self.step + i)) for i, (key, size) in enumerate(pairs)]
+        done = dict(items)
+        try:
+            self.run(self.store.put_many(items))
+        except CapacityError:  # the pairs before the one that did not fit are stored
+            stored = {key: self.run(self.store.get(key)) for key in done if key in self.store}
+            done = {k: v for k, v in done.items() if k in stored and as_bytes(stored[k]) == v}
+        self.model.update(done)
+
     @rule(key=KEYS, data=st.data())
     def get_range(self, key: str, data: st.DataObject) -> None:
         if key not in self.model or not self.model[key]:
@@ -262,3 +283,45 @@ def test_write_back_store_flush_makes_everything_durable(tmp_path: Path) -> None
         await store2.aclose()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost"])
+def test_get_many_keeps_the_bookkeeping_of_single_gets(tmp_path: Path, policy: str) -> None:
+    """Each get_many counts, per key, the hit and misses a get would on the same state, touches
+    the policy of the serving tier, and promotes what it read from below."""
+    rng = np.random.default_rng(4)
+    trace = [sorted({f"k{int(i)}" for i in rng.zipf(1.3, 6) % 40}) for _ in range(60)]
+    sizes = {f"k{i}": 3000 + 100 * i for i in range(40)}
+
+    async def main() -> None:
+        nvme = await NvmeTier.open("nvme", 1 << 20, tmp_path, create=True)
+        store = TieredStore([DramTier("dram", 40_000), nvme], policy)
+        await store.put_many({key: _value(size, size) for key, size in sizes.items()})
+        touched: list[str] = []
+        touch = store._policies[0].touch
+        store._policies[0].touch = lambda key: (touched.append(key), touch(key))  # type: ignore
+        promoted: list[str] = []
+        promote = store._promote
+        store._promote = lambda key, *a: (promoted.append(key), promote(key, *a))[1]  # type: ignore
+        for keys in [*trace, ["absent", "k1", "k1"]]:
+            serving = [store.tier_of(key) for key in keys]
+            before = [(c.hits, c.misses) for c in store.counters]
+            touched.clear()
+            promoted.clear()
+            got = await store.get_many(keys)
+            for key, value in zip(keys, got, strict=True):
+                assert (value is None) == (key == "absent")
+                if value is not None:
+                    assert as_bytes(value) == _value(sizes[key], sizes[key])
+            after = [(c.hits, c.misses) for c in store.counters]
+            assert after[0][0] - before[0][0] == serving.count("dram")
+            assert after[1][0] - before[1][0] == serving.count("nvme")
+            assert after[0][1] - before[0][1] == serving.count("nvme")
+            assert after[1][1] - before[1][1] == serving.count(None)
+            assert touched == [k for k, t in zip(keys, serving, strict=True) if t == "dram"]
+            await store.drain()
+            below = {key for key, tier in zip(keys, serving, strict=True) if tier == "nvme"}
+            assert sorted(promoted) == sorted(below)  # one promotion per key read from below
+        await store.aclose()
+
+    asyncio.run(main())
