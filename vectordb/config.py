@@ -7,7 +7,7 @@ vectors (the nearest kept), merge at <= 10 live vectors. SPANN allows 8 replicas
 them by its closure rule (a head within (1 + eps1) x the nearest head's distance); the
 defaults here, 4 replicas and a closure of 1.5 on squared distance (eps1 ~ 0.22), measured
 fastest at recall@10 0.9 on debian-minilm among 2/4/8 replicas and closures 1.25/1.5/2/none
-(benchmarks/vectordb_placement.py): a batch of queries reads the union of its lists, and a
+(benchmarks/vectordb/placement.py): a batch of queries reads the union of its lists, and a
 replica of a vector deep inside its own list costs bytes for no recall. One knob trades recall for
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read;
 by default ``default_postings(heads)``, 8 for up to 5,000 heads and more for bigger indexes).
