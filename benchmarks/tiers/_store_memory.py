@@ -7,8 +7,8 @@ key into a caller buffer (``into=``, the same destination array the copy used), 
 that return a new array. Throughput comes from a block of n ops timed as a whole, p50/p99 from a
 second loop of n ops each timed on its own (``perf_counter_ns``, about 0.1 us per read here).
 
-The hit cost (``hit_overhead``) times loops of gets of 64-byte objects (1024 keys, shuffled order)
-against a loop of bare 64-byte ``np.copyto``; the difference per op is the bookkeeping.
+The hit cost (``hit_overhead``) times loops of gets of 4 KiB objects (1024 keys, shuffled order)
+against a loop of bare 4 KiB ``np.copyto``; the difference per op is the bookkeeping.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tiers.storage import Tier
 from tiers.store import TieredStore
 
 SIZES = (4 * KIB, 64 * KIB, MIB, 16 * MIB)
-HIT_OBJECT_BYTES = 64
+HIT_OBJECT_BYTES = 4 * KIB
 Timing = tuple[np.ndarray, int]
 HIT_KEYS = 1024
 POLICIES = ("lru", "lfu", "cost")
@@ -217,7 +217,7 @@ async def hit_overhead(repeats: int, loop_ops: int) -> dict[str, list[float]]:
     """Per repeat: us per op of the bare copy, and each hit path's us per op minus that copy.
 
     Paths: ``tier`` (DramTier.get) and ``store_<policy>`` (TieredStore([DramTier]).get, a hit in
-    DRAM; the hit path is the same with an NVMe tier below). 1024 objects of 64 B, gets in a
+    DRAM; the hit path is the same with an NVMe tier below). 1024 objects of 4 KiB, gets in a
     shuffled order of all keys, repeated to ``loop_ops``.
     """
     rng = np.random.default_rng(7)

@@ -154,7 +154,7 @@ def headline(
     figures["dram_tier_hit_overhead_us"] = _r(median(hits["tier"]), 3)
     for policy in POLICIES:
         figures[f"store_hit_overhead_us_{policy}"] = _r(median(hits[f"store_{policy}"]), 3)
-    figures["bare_copy_64b_us"] = _r(median(hits["copy_us"]), 3)
+    figures["bare_copy_4k_us"] = _r(median(hits["copy_us"]), 3)
     best = best_policy(zipf)
     figures["zipf_hit_rate_best"] = _r(median(_zipf(zipf, best, "hit_rate")))
     figures["zipf_hit_rate_lru"] = _r(median(_zipf(zipf, "lru", "hit_rate")))
@@ -200,7 +200,7 @@ def op_table(samples: list[OpSample], rows: tuple[tuple[str, str], ...]) -> list
 
 def hit_table(hits: dict[str, list[float]]) -> list[str]:
     lines = ["| path | us per hit beyond the bare copy: median (min-max) |", "|---|---|"]
-    lines.append(f"| bare np.copyto, 64 B (absolute) | {spread(hits['copy_us'], '.3f')} |")
+    lines.append(f"| bare np.copyto, 4 KiB (absolute) | {spread(hits['copy_us'], '.3f')} |")
     lines.append(f"| DramTier.get(into=) | {spread(hits['tier'], '.3f')} |")
     for policy in POLICIES:
         values = hits[f"store_{policy}"]
@@ -233,3 +233,42 @@ def target_table(figures: dict[str, Any]) -> list[str]:
     lines = ["| target | measured | threshold | result |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in verdicts(figures)]
     return lines
+
+
+def extra_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The verdicts of the batch, group-commit and LRU-peer figures."""
+    rows = []
+    for label in ("4k", "64k"):
+        value = figures[f"nvme_get_many_vs_fio_{label}"]
+        rows.append(
+            (
+                f"NVMe get_many(32) >= 0.85x fio randread QD32, {label}",
+                f"{value:.2f}",
+                ">= 0.85",
+                "PASS" if value >= 0.85 else "MISS",
+            )
+        )
+    value = figures["nvme_put_many_vs_fio_fsync_4k"]
+    rows.append(
+        (
+            "NVMe put_many 4 KiB objects/s >= 5x fio fdatasync'd writes/s (iodepth 1)",
+            f"{value:.2f}x ({figures['nvme_put_many_objects_per_s_4k']:,.0f} vs "
+            f"{figures['fio_fsync_writes_per_s_4k']:,.0f})",
+            ">= 5",
+            "PASS" if value >= 5 else "MISS",
+        )
+    )
+    value = figures["zipf_gets_vs_naive_lru"]
+    rows.append(
+        (
+            "Zipf(0.99) 64 KiB gets/s, best policy vs dict+OrderedDict LRU",
+            f"{value:.2f}",
+            ">= 1.0",
+            "PASS" if value >= 1.0 else "MISS",
+        )
+    )
+    return rows
+
+
+def extra_verdicts(figures: dict[str, Any]) -> dict[str, str]:
+    return {name: verdict for name, _, _, verdict in extra_rows(figures)}

@@ -14,14 +14,33 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.fio import ensure_fio
-from benchmarks.common.measure import MIB, code_version, ensure_data_file, machine_string, median
+from benchmarks.common.measure import (
+    MIB,
+    code_version,
+    ensure_data_file,
+    machine_string,
+    median,
+    spread,
+)
 from benchmarks.common.paths import OUT_DIR
 from benchmarks.common.scratch import remove_at_exit
+from benchmarks.tiers._store_batch import batch_counts, batch_figures, batch_round, fill
+from benchmarks.tiers._store_lru_peer import (
+    POLICIES as PEER_POLICIES,
+)
+from benchmarks.tiers._store_lru_peer import (
+    naive_gets_per_s,
+    peer_work,
+    populate_peer,
+    store_gets_per_s,
+)
 from benchmarks.tiers._store_memory import SIZES, OpSample, hit_overhead, memory_round, size_label
 from benchmarks.tiers._store_nvme import QD, nvme_round, object_counts
 from benchmarks.tiers._store_report import (
     MEMORY_ROWS,
     NVME_ROWS,
+    extra_rows,
+    extra_verdicts,
     headline,
     hit_table,
     op_table,
@@ -39,7 +58,7 @@ from benchmarks.tiers._store_zipf import (
     simulated_lru_hit_rate,
     static_oracle_hit_rate,
 )
-from tiers.io import create_engine
+from tiers.io import IORuntime
 from tiers.nvme import NvmeTier, record_bytes
 
 DEFAULT_DIR = OUT_DIR
@@ -117,7 +136,7 @@ async def _hit_chunk(plan: Plan, hits: dict[str, list[float]]) -> None:
 
 
 async def _micro(
-    plan: Plan, out_dir: Path, fio: str, fio_path: Path, engine: Any, hits: dict[str, list[float]]
+    plan: Plan, out_dir: Path, fio: str, fio_path: Path, runtime: Any, hits: dict[str, list[float]]
 ) -> tuple:
     counts = object_counts(plan.mode)
     capacity = sum(record_bytes(size) * n for size, n in counts.items())
@@ -126,7 +145,9 @@ async def _micro(
     shutil.rmtree(tier_dir, ignore_errors=True)
     samples: list[OpSample] = []
     notes: dict[str, Any] = {}
-    tier = await NvmeTier.open("nvme", capacity, tier_dir, engine=engine, direct=True, create=True)
+    tier = await NvmeTier.open(
+        "nvme", capacity, tier_dir, runtime=runtime, direct=True, create=True
+    )
     try:
         for r in range(plan.rounds):
             memory, notes = await memory_round(
@@ -147,14 +168,66 @@ async def _micro(
     return samples, notes, counts
 
 
-async def _zipf(plan: Plan, out_dir: Path, engine: Any) -> tuple:
+async def _batches(plan: Plan, out_dir: Path, fio: str, fio_path: Path, runtime: Any) -> dict:
+    """get_many vs fio randread QD32, put_many and concurrent puts vs fio fsync'd writes."""
+    counts = batch_counts(plan.mode)
+    directory = out_dir / "tiers_batch"
+    shutil.rmtree(directory, ignore_errors=True)
+    put_path = remove_at_exit(out_dir / "tiers_fio_fsync.dat", False)
+    capacity = sum(size * n for size, n in counts.items()) * 2 + 256 * MIB
+    tier = await NvmeTier.open("nvme", capacity, directory, runtime=runtime, create=True)
+    samples = []
+    try:
+        await fill(tier, counts)
+        for r in range(plan.rounds):
+            got = await batch_round(
+                tier, fio, fio_path, put_path, counts, r, plan.warmup_s, plan.duration_s
+            )
+            for s in got:
+                what = f"{s.what:>16} {s.size_bytes // 1024:>3} KiB"
+                log(f"[batch round {r + 1}/{plan.rounds}] {what}: {s.per_s:10,.0f} /s")
+            samples += got
+        notes = {k: tier.stats()[k] for k in ("fdatasyncs", "fdatasync_waits", "catalog_commits")}
+    finally:
+        await tier.aclose()
+        shutil.rmtree(directory, ignore_errors=True)
+        put_path.unlink(missing_ok=True)
+    return {"figures": batch_figures(samples), "notes": notes}
+
+
+async def _lru_peer(plan: Plan, out_dir: Path, runtime: Any) -> dict[str, list[float]]:
+    """The store's policies vs a hand-written dict + OrderedDict LRU over O_DIRECT preads."""
+    work = peer_work(plan.mode)
+    directory = out_dir / "tiers_peer"
+    shutil.rmtree(directory, ignore_errors=True)
+    out: dict[str, list[float]] = {"naive": [], "ratio": [], "naive_hit": []}
+    try:
+        await populate_peer(directory, work, runtime)
+        for r in range(plan.zipf_rounds):
+            naive, naive_hit = await asyncio.to_thread(naive_gets_per_s, directory, work)
+            rates = {}
+            for policy in PEER_POLICIES:
+                rates[policy], hit = await store_gets_per_s(directory, work, policy, runtime)
+                out.setdefault(policy, []).append(rates[policy])
+                out.setdefault(f"{policy}_hit", []).append(hit)
+            out["naive"].append(naive)
+            out["naive_hit"].append(naive_hit)
+            out["ratio"].append(max(rates.values()) / naive)
+            policies = ", ".join(f"{p} {v:,.0f}" for p, v in rates.items())
+            log(f"[lru peer round {r + 1}] naive {naive:,.0f} gets/s ({naive_hit:.3f}); {policies}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return out
+
+
+async def _zipf(plan: Plan, out_dir: Path, runtime: Any) -> tuple:
     work = make_workload(
         plan.zipf_dram_bytes, plan.zipf_warmup_ops, plan.zipf_measure_ops, plan.zipf_s, seed=11
     )
     directory = out_dir / "tiers_zipf"
     shutil.rmtree(directory, ignore_errors=True)
     try:
-        took = await populate(directory, engine, work)
+        took = await populate(directory, runtime, work)
         log(
             f"zipf: {len(work.keys)} objects, {work.sizes.sum() / MIB:.0f} MiB on NVMe "
             f"(DRAM {plan.zipf_dram_bytes / MIB:.0f} MiB) written in {took:.1f} s"
@@ -164,7 +237,7 @@ async def _zipf(plan: Plan, out_dir: Path, engine: Any) -> tuple:
         for r in range(plan.zipf_rounds):
             order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
             for variant in order:
-                sample, extra = await run_variant(variant, directory, engine, work, r)
+                sample, extra = await run_variant(variant, directory, runtime, work, r)
                 samples.append(sample)
                 if extra:
                     extras[variant] = extra["tiers"][0]
@@ -193,17 +266,25 @@ async def _main(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     hits: dict[str, list[float]] = {}
     with Phase("hit cost (first chunk)", phases):
         await _hit_chunk(plan, hits)
-    engine = create_engine("auto")
-    async with engine:
+    runtime = IORuntime()
+    try:
         with Phase("per-tier", phases):
-            samples, notes, counts = await _micro(plan, args.dir, fio, fio_path, engine, hits)
+            samples, notes, counts = await _micro(plan, args.dir, fio, fio_path, runtime, hits)
         log(
             "hit cost (us beyond the copy): "
             + ", ".join(f"{k} {median(v):.3f}" for k, v in hits.items())
         )
+        with Phase("batches", phases):
+            batches = await _batches(plan, args.dir, fio, fio_path, runtime)
         with Phase("zipf", phases):
-            zipf, sims, work, extras = await _zipf(plan, args.dir, engine)
+            zipf, sims, work, extras = await _zipf(plan, args.dir, runtime)
+        with Phase("lru peer", phases):
+            peer = await _lru_peer(plan, args.dir, runtime)
+    finally:
+        runtime.close()
     return {
+        "batches": batches,
+        "peer": peer,
         "samples": samples,
         "hits": hits,
         "zipf": zipf,
@@ -220,6 +301,17 @@ async def _main(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
 def _report(plan: Plan, mode: str, result: dict[str, Any], version: str) -> dict[str, Any]:
     samples, zipf, work = result["samples"], result["zipf"], result["work"]
     figures = headline(samples, result["hits"], zipf, result["sims"])
+    batch, peer = result["batches"]["figures"], result["peer"]
+    spreads: dict[str, str] = {}
+    for key, values in [*batch.items(), ("zipf_gets_vs_naive_lru", peer["ratio"])]:
+        digits = 3 if "_vs_" in key else 0
+        figures[key] = round(median(values), digits)
+        spreads[key] = spread(values, ".3f" if digits else ",.0f")
+    figures["zipf_naive_lru_gets_per_s"] = round(median(peer["naive"]))
+    for policy in PEER_POLICIES:
+        figures[f"zipf_peer_gets_per_s_{policy}"] = round(median(peer[policy]))
+    figures["spreads"] = spreads
+    figures["targets"].update(extra_verdicts(figures))
     notes = result["notes"]
     figures.update(
         {
@@ -265,9 +357,10 @@ def _report(plan: Plan, mode: str, result: dict[str, Any], version: str) -> dict
         "",
         f"NVMe puts: {notes.get('nvme_puts')} puts, each with its own fdatasync of the extent "
         f"file; {notes.get('nvme_catalog_commits')} catalog (LMDB) commits, group-committed. "
-        "4 KiB objects move as 8 KiB records (64-byte header + padding to 4 KiB).",
+        "Objects of whole 4 KiB pages move as bare records (4 KiB takes 4 KiB); others carry a "
+        "64-byte header in their last page's padding.",
         "",
-        f"### DRAM hit bookkeeping (64 B objects, {len(result['hits']['tier'])} repeats of "
+        f"### DRAM hit bookkeeping (4 KiB objects, {len(result['hits']['tier'])} repeats of "
         f"{plan.hit_loop_ops} gets, spread over the run: at the start and after each round)",
         "",
         *hit_table(result["hits"]),
@@ -284,9 +377,20 @@ def _report(plan: Plan, mode: str, result: dict[str, Any], version: str) -> dict
         f"{result['sims']['oracle']:.3f}. DRAM tier (compactions, MiB compacted, promotions), last "
         f"round: {compactions}",
         "",
+        "### Batches and group commit (median (min-max) of per-round figures)",
+        "",
+        *[f"* {key}: {value}" for key, value in spreads.items()],
+        f"* NvmeTier fdatasyncs / waits / catalog commits over the batch phase: "
+        f"{result['batches']['notes']}",
+        f"* Zipf(0.99) LRU peer, gets/s: naive {figures['zipf_naive_lru_gets_per_s']:,}; "
+        + ", ".join(f"{p} {figures[f'zipf_peer_gets_per_s_{p}']:,}" for p in PEER_POLICIES)
+        + f"; DRAM hit rates: naive {median(peer['naive_hit']):.3f}, "
+        + ", ".join(f"{p} {median(peer[f'{p}_hit']):.3f}" for p in PEER_POLICIES),
+        "",
         "### Targets",
         "",
         *target_table(figures),
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in extra_rows(figures)],
         "",
     ]
     print("\n".join(lines), flush=True)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.measure import KIB, MIB
-from tiers.io import IOEngine
+from tiers.io import IORuntime
 from tiers.memory import DramTier
 from tiers.nvme import NvmeTier
 from tiers.store import TieredStore
@@ -83,9 +83,9 @@ def nvme_capacity(work: Workload) -> int:
     return int(work.sizes.sum()) * 2 + 64 * MIB
 
 
-async def populate(directory: Path, engine: IOEngine, work: Workload) -> float:
+async def populate(directory: Path, runtime: IORuntime, work: Workload) -> float:
     """Write every object to a fresh NvmeTier in ``directory``; returns seconds taken."""
-    tier = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine, create=True)
+    tier = await NvmeTier.open("nvme", nvme_capacity(work), directory, runtime=runtime, create=True)
     payload = np.random.default_rng(5).integers(0, 256, max(ZIPF_SIZES), dtype=np.uint8)
     pending = iter(range(len(work.keys)))
 
@@ -168,9 +168,9 @@ async def _replay(
 
 
 async def run_variant(
-    variant: str, directory: Path, engine: IOEngine, work: Workload, round_index: int
+    variant: str, directory: Path, runtime: IORuntime, work: Workload, round_index: int
 ) -> tuple[ZipfSample, dict[str, Any]]:
-    nvme = await NvmeTier.open("nvme", nvme_capacity(work), directory, engine=engine, create=True)
+    nvme = await NvmeTier.open("nvme", nvme_capacity(work), directory, runtime=runtime, create=True)
     cache: Any
     if variant == "plain-lru":
         cache, drain = PlainLru(nvme, work.dram_bytes), None
@@ -192,7 +192,7 @@ async def run_variant(
         extra = cache.stats() if isinstance(cache, TieredStore) else {}
     finally:
         if isinstance(cache, TieredStore):
-            await cache.aclose()  # closes its tiers; the engine stays ours
+            await cache.aclose()  # closes its tiers; the runtime stays ours
         else:
             await nvme.aclose()
     total_bytes = int(work.sizes[measured].sum())

@@ -11,8 +11,13 @@ Three parts, all in one process, every reference measured in the same run:
    with ``--fdatasync=1`` (each write durable, as a put is). Put and get GB/s and p50/p99 latency;
    gets into a caller buffer (``into=``), and for DRAM also without. See _store_memory.py and
    _store_nvme.py.
-2. **DRAM hit bookkeeping**: microseconds per 64-byte ``DramTier.get`` and per ``TieredStore.get``
-   hit in DRAM (per policy), minus a bare 64-byte ``np.copyto``.
+2. **DRAM hit bookkeeping**: microseconds per 4 KiB ``DramTier.get`` and per ``TieredStore.get``
+   hit in DRAM (per policy), minus a bare 4 KiB ``np.copyto``.
+4. **Batches** (_store_batch.py): ``get_many`` of 32 keys vs fio randread QD32 at 4 and 64 KiB;
+   4 KiB ``put_many`` and 64 concurrent ``put``s (group commit) vs fio randwrite
+   ``--fdatasync=1`` at iodepth 1.
+5. **LRU peer** (_store_lru_peer.py): Zipf(0.99) over 10,000 64 KiB objects, DRAM 10%: the
+   store's best policy vs a dict + OrderedDict LRU over O_DIRECT ``os.preadv``.
 3. **Zipf**: a working set 4x the DRAM tier, mixed sizes, Zipf(1.0) popularity; hit rate and
    throughput of the store per policy against a plain LRU cache and against everything on NVMe.
    See _store_zipf.py.

@@ -54,7 +54,10 @@ TIERS_STORE = Smoke(
         {f"dram_get_vs_memcpy_{size}" for size in ("4kib", "64kib", "1mib", "16mib")}
         | {f"nvme_get_vs_fio_{size}" for size in ("4kib", "64kib", "1mib", "16mib")}
         | {"nvme_put_vs_fio_write_1mib", "hbm_get_vs_memcpy_1mib", "cxl_get_vs_memcpy_1mib"}
-        | {"dram_hit_overhead_us", "dram_tier_hit_overhead_us", "bare_copy_64b_us"}
+        | {"dram_hit_overhead_us", "dram_tier_hit_overhead_us", "bare_copy_4k_us"}
+        | {"nvme_get_many_vs_fio_4k", "nvme_get_many_vs_fio_64k", "zipf_gets_vs_naive_lru"}
+        | {"nvme_put_many_objects_per_s_4k", "fio_fsync_writes_per_s_4k", "spreads"}
+        | {"nvme_concurrent_puts_per_s_4k", "nvme_put_many_vs_fio_fsync_4k"}
         | {f"store_hit_overhead_us_{policy}" for policy in ("lru", "lfu", "cost")}
         | {"zipf_hit_rate_best", "zipf_hit_rate_lru", "zipf_best_policy"}
         | {"zipf_throughput_vs_nvme_only_cost", "zipf_hit_rate_static_oracle", "targets"}

@@ -68,7 +68,7 @@ from tiers.io.errors import (
 )
 from tiers.io.runtime import IORuntime, default_runtime
 from tiers.nvme.catalog import Catalog
-from tiers.nvme.format import RECORD_ALIGNMENT_BYTES, key_hash
+from tiers.nvme.format import RECORD_ALIGNMENT_BYTES, is_bare, key_hash
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.marker import load_marker
 from tiers.nvme.records import RecordIO, RecordRead, writable_view
@@ -318,13 +318,12 @@ class NvmeTier(NvmeWrites, Tier):
                     self._file_path(entry.file_index),
                     entry.offset_bytes,
                 )
-            bare = self._is_bare(entry)
+            bare = entry.version >= self._bare_from and is_bare(entry.size_bytes)
             file = space.files.get(entry.file_index)
             if file is None:
                 raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
-            reads.append(
-                RecordRead(file, entry.offset_bytes, entry, key_hash(key), bare, offset, size, out)
-            )
+            khash = 0 if bare else key_hash(key)  # a bare record's check needs no key hash
+            reads.append(RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out))
             slots.append(slot)
         self.counters["misses"] += len(keys) - len(reads)
         if not reads:

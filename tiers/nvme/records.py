@@ -222,6 +222,15 @@ def writable_view(into: Any, size_bytes: int) -> np.ndarray:
 
     Raises: InvalidArgumentError (read-only, too small, not a contiguous host buffer).
     """
+    if (
+        type(into) is np.ndarray
+        and into.dtype == np.uint8
+        and into.ndim == 1
+        and into.flags.c_contiguous
+        and into.flags.writeable
+        and into.nbytes >= size_bytes
+    ):
+        return into[:size_bytes] if size_bytes else _EMPTY  # the common case, without as_buffer
     ref = as_buffer(into)
     if not ref.writable:
         raise InvalidArgumentError("`into` is read-only")
