@@ -31,7 +31,7 @@ from tiers.nvme import NvmeTier
 GET_BATCH = 32
 GET_LANES = 2  # a second lane keeps the device busy while the first checks its batch
 GET_SIZES = (4 * KIB, 64 * KIB)
-PUT_BATCH = 64
+PUT_BATCH = 256
 PUT_TASKS = 64
 PUT_SIZE = 4 * KIB
 

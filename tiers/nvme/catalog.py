@@ -126,6 +126,19 @@ class Catalog:
             self._committer = asyncio.ensure_future(self._commit_loop())
         await future
 
+    async def apply_many(self, changes: list[tuple[str, CatalogEntry | None]]) -> None:
+        """Durably make every change of ``changes`` in one transaction; returns after it.
+
+        Raises as :meth:`apply` (none of the changes happened then).
+        """
+        if self._env is None:
+            raise EngineClosedError(f"catalog {self.path!r} is closed")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.extend((key, entry, future) for key, entry in changes)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.ensure_future(self._commit_loop())
+        await future
+
     async def close(self) -> None:
         """Wait for pending commits, then close LMDB and the worker thread."""
         while self._committer is not None and not self._committer.done():

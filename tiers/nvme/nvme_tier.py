@@ -323,7 +323,9 @@ class NvmeTier(NvmeWrites, Tier):
             if file is None:
                 raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
             khash = 0 if bare else key_hash(key)  # a bare record's check needs no key hash
-            reads.append(RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out))
+            reads.append(
+                RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out)
+            )
             slots.append(slot)
         self.counters["misses"] += len(keys) - len(reads)
         if not reads:

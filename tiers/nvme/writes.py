@@ -7,15 +7,15 @@ A put of one object and a put_many of many run the same steps, the many at once:
 2. allocate a free extent per object;
 3. stage every record and write them in one engine submission (RecordIO.write_many);
 4. fdatasync each extent file written, shared with every other put in flight (GroupSync);
-5. commit every catalog entry: the catalog group-commits, so all entries of a put_many, and
-   those of concurrent puts, go in one fsynced LMDB transaction;
+5. commit every catalog entry in one fsynced LMDB transaction (Catalog.apply_many); the
+   catalog group-commits, so the entries of concurrent puts share transactions too;
 6. only then free each key's previous extent, and acknowledge.
 
 So a put is acknowledged only when its record is fdatasynced and its entry committed, while N
 concurrent puts share about one fdatasync per file and one commit instead of N of each. On any
 failure before a key's commit its new extent is freed and its old entry stays: a failed put
-changes nothing. A put_many is not atomic across keys against a crash (each entry names a
-durable record, so any subset that committed is correct); it raises the first failure.
+changes nothing. A put_many's entries commit together or not at all, so after a crash a
+reopened tier holds all of its objects or none of them.
 
 Concurrency: loop thread only; run inside ``OpGuard.shielded`` (a cancelled caller cannot leave
 an extent allocated or the catalog and extents disagreeing).
@@ -109,37 +109,30 @@ class NvmeWrites:
                 total = stored_bytes(payload.nbytes)
                 extents[key] = (await space.allocate(total), total)
             writes = []
+            file_indexes = []
             for key, payload in items.items():
                 file_index, file_offset = space.split(extents[key][0])
                 bare = is_bare(payload.nbytes)
                 version = catalog.take_version()
                 file = space.files[file_index]
-                writes.append(RecordWrite(file, file_offset, payload, version, key_hash(key), bare))
+                khash = 0 if bare else key_hash(key)  # a bare record stores no key hash
+                writes.append(RecordWrite(file, file_offset, payload, version, khash, bare))
+                file_indexes.append(file_index)
             crcs = await self._records.write_many(writes)
             files = {id(w.file): w.file for w in writes}
             await asyncio.gather(*(self._syncs.sync(file) for file in files.values()))
             self.counters["fdatasyncs"] = self._syncs.syncs
-            # The records are durable: now the catalog may name them. Tasks made in one step
-            # reach the catalog's queue together, so they share one transaction.
-            applies = {
-                key: asyncio.ensure_future(
-                    catalog.apply(
-                        key,
-                        CatalogEntry(
-                            space.split(extents[key][0])[0],
-                            w.offset,
-                            w.payload.nbytes,
-                            crc,
-                            w.version,
-                        ),
-                    )
-                )
-                for (key, w, crc) in zip(items, writes, crcs, strict=True)
-            }
-            await asyncio.gather(*applies.values(), return_exceptions=True)
-            committed = [key for key, task in applies.items() if task.exception() is None]
-            errors = [task.exception() for task in applies.values() if task.exception()]
-            return committed, errors[0] if errors else None
+            # The records are durable: now the catalog may name them, all in one transaction.
+            changes: list[tuple[str, CatalogEntry | None]] = [
+                (key, CatalogEntry(file_index, w.offset, w.payload.nbytes, crc, w.version))
+                for key, w, crc, file_index in zip(items, writes, crcs, file_indexes, strict=True)
+            ]
+            try:
+                await catalog.apply_many(changes)
+            except Exception as exc:  # nothing committed: the caller raises it
+                return [], exc
+            committed = list(items)
+            return committed, None
         finally:
             done = set(committed)
             for key, (address, total) in extents.items():
