@@ -104,7 +104,7 @@ def _runs(store: PostingStore) -> dict[int, tuple[int, int]]:
 def _check_space(store: PostingStore) -> None:
     """Live and pending runs are disjoint, inside the file, and with the free pages they
     account for every page of the file exactly once."""
-    runs = list(_runs(store).values()) + list(store.space._pending)
+    runs = list(_runs(store).values()) + list(store.space.pending_runs())
     pages = store.space.file_pages
     owner = np.zeros(pages, np.int64)
     for start, n in runs:

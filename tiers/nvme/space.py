@@ -11,19 +11,19 @@ extent holds what is known only to the catalog. The capacity is not enforced her
 charges puts against it); space grows only when no free extent fits.
 
 Addressing: file ``i`` occupies addresses ``[i * FILE_STRIDE_BYTES, i * FILE_STRIDE_BYTES +
-size_i)`` of one ExtentAllocator. The rest of each stride is never free, so no extent straddles
-two files, while holes in every file are found by one segregated-fit lookup (lowest address
-first, which keeps the early files full and the late ones empty). The allocator starts with
-nothing free; opening frees the parts of each file no record holds, and growing frees the new
-part (which merges with a free tail of the file).
+size_i)`` of one GrowableSpace (tiers.storage.space). The rest of each stride is never free, so
+no extent straddles two files, while holes in every file are found by one segregated-fit lookup
+(lowest address first, which keeps the early files full and the late ones empty). Opening
+adopts each file (free but for the parts records hold); the space calls ``_grow`` when no hole
+fits, and frees the part it returns (which merges with a free tail of the file).
 
 Pins: a read pins the extent it reads; releasing a pinned extent (an overwrite or delete that
 committed meanwhile) is deferred to the last unpin, so an extent is never rewritten while a read
-of it is in flight.
+of it is in flight (the space keeps the pins).
 
-Concurrency: loop thread only. Growing the files is serialised by one asyncio lock; blocking
-calls (fallocate, directory fsync) run in worker threads through the engine's Env. Growing the
-last file runs beside writes of records into its older part: they touch disjoint ranges.
+Concurrency: loop thread only. Growing the files is serialised by the space's asyncio lock;
+blocking calls (fallocate, directory fsync) run in worker threads through the engine's Env.
+Growing the last file runs beside writes of records into its older part: disjoint ranges.
 Invariants: every address the allocator has free lies inside a preallocated, durable part of a
 file; an extent is either free, or held by exactly one record (committed or being written), or
 pinned and waiting for its deferred free.
@@ -42,7 +42,7 @@ from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import EngineClosedError, InvalidArgumentError, StorageError, map_os_errors
 from tiers.nvme.format import RECORD_ALIGNMENT_BYTES
 from tiers.storage.directory import fsync_directory
-from tiers.storage.extents import ExtentAllocator
+from tiers.storage.space import GrowableSpace
 
 __all__ = [
     "FILE_STRIDE_BYTES",
@@ -91,10 +91,7 @@ class ExtentSpace:
         self.files: dict[int, FileHandle] = {}
         self.sizes: dict[int, int] = {}  # usable bytes of each file (a multiple of 4 KiB)
         arena = MAX_EXTENT_FILES * FILE_STRIDE_BYTES
-        self._allocator = ExtentAllocator(arena, RECORD_ALIGNMENT_BYTES, all_free=False)
-        self._pins: dict[int, int] = {}  # address -> reads in flight
-        self._deferred: dict[int, int] = {}  # address -> size, freed at the last unpin
-        self._grow_lock = asyncio.Lock()
+        self._space = GrowableSpace(arena, RECORD_ALIGNMENT_BYTES, self._grow)
 
     # ----------------------------------------------------------------- set-up
     async def open(self, used: Iterable[tuple[Any, int, int, int]]) -> set[Any]:
@@ -121,19 +118,12 @@ class ExtentSpace:
         bad: set[Any] = set()
         for tag, index, offset, size in used:
             if index in by_file:
-                by_file[index].append((offset, size, tag))
+                by_file[index].append((self.address_of(index, offset), size, tag))
             else:
                 bad.add(tag)
         for index, extents in by_file.items():
-            cursor = 0  # end of the last good extent
-            for offset, size, tag in sorted(extents, key=lambda item: item[0]):
-                misaligned = offset % RECORD_ALIGNMENT_BYTES
-                if misaligned or offset < cursor or offset + size > self.sizes[index]:
-                    bad.add(tag)  # overlaps the one before, or runs past the end of the file
-                else:
-                    self._free_part(index, cursor, offset - cursor)
-                    cursor = offset + size
-            self._free_part(index, cursor, self.sizes[index] - cursor)
+            # misaligned, overlapping the one before, or running past the end of the file
+            bad.update(self._space.adopt(self.address_of(index, 0), self.sizes[index], extents))
         if not self.files:
             # An empty first file: opening proves O_DIRECT works here and costs no space.
             await self._add_file(0)
@@ -143,16 +133,7 @@ class ExtentSpace:
     async def allocate(self, size_bytes: int) -> int:
         """Address of a free extent of ``size_bytes`` (a multiple of 4 KiB); grows the files
         when no hole fits. Raises NoSpaceError/StorageError when a new file cannot be made."""
-        address = self._allocator.allocate(size_bytes)
-        if address is not None:
-            return address
-        async with self._grow_lock:
-            address = self._allocator.allocate(size_bytes)  # someone may have grown meanwhile
-            if address is None:
-                await self._grow(size_bytes)
-                address = self._allocator.allocate(size_bytes)
-                assert address is not None
-            return address
+        return await self._space.allocate(size_bytes)
 
     def locate(self, address: int) -> tuple[FileHandle, int]:
         """The file and file offset of an address."""
@@ -169,24 +150,14 @@ class ExtentSpace:
         return file_index * FILE_STRIDE_BYTES + offset_bytes
 
     def pin(self, address: int) -> None:
-        self._pins[address] = self._pins.get(address, 0) + 1
+        self._space.pin(address)
 
     def unpin(self, address: int) -> None:
-        left = self._pins[address] - 1
-        if left:
-            self._pins[address] = left
-            return
-        del self._pins[address]
-        size = self._deferred.pop(address, None)
-        if size is not None:
-            self._allocator.free(address, size)
+        self._space.unpin(address)
 
     def release(self, address: int, size_bytes: int) -> None:
         """Free an extent, or, while a read of it is in flight, as soon as the last one ends."""
-        if address in self._pins:
-            self._deferred[address] = size_bytes
-        else:
-            self._allocator.free(address, size_bytes)
+        self._space.free(address, size_bytes)
 
     # ----------------------------------------------------------------- lifecycle
     async def close(self) -> None:
@@ -197,38 +168,35 @@ class ExtentSpace:
                 await self.engine.close_file(file)
 
     def stats(self) -> dict[str, int]:
+        space = self._space.stats()
         return {
             "extent_files": len(self.sizes),
             "extent_file_bytes": sum(self.sizes.values()),
-            "extent_free_bytes": self._allocator.free_bytes,
-            "extents_pinned": len(self._pins),
-            "extent_frees_deferred": len(self._deferred),
+            "extent_free_bytes": space["free"],
+            "extents_pinned": space["pinned"],
+            "extent_frees_deferred": space["frees_at_unpin"],
         }
 
     # ----------------------------------------------------------------- internals
     def _path(self, index: int) -> str:
         return os.path.join(self.directory, extent_file_name(index))
 
-    def _free_part(self, index: int, offset: int, size: int) -> None:
-        if size > 0:
-            self._allocator.free(self.address_of(index, offset), size)
-
-    async def _grow(self, size_bytes: int) -> None:
+    async def _grow(self, size_bytes: int) -> list[tuple[int, int]]:
         """Take room for an extent of ``size_bytes`` from the filesystem: extend the last file
-        when the extent fits there (with the free tail it may already have), else add a file."""
+        when the extent fits there (with the free tail it may already have), else add a file.
+        Returns the new part (address, size), for the space to free."""
         last = max(self.sizes, default=None)
         if last is not None and self.sizes[last] < self.file_bytes:
             end = self.sizes[last]
-            missing = size_bytes - self._allocator.free_bytes_before(self.address_of(last, end))
+            missing = size_bytes - self._space.free_before(self.address_of(last, end))
             if end + missing <= self.file_bytes:
-                await self._extend_file(
-                    last, min(self.file_bytes, end + max(missing, self.grow_bytes))
-                )
-                return
-        await self._add_file(max(self.grow_bytes, size_bytes))
+                size = min(self.file_bytes, end + max(missing, self.grow_bytes))
+                return [await self._extend_file(last, size)]
+        return [await self._add_file(max(self.grow_bytes, size_bytes))]
 
-    async def _extend_file(self, index: int, size_bytes: int) -> None:
-        """Preallocate file ``index`` up to ``size_bytes``, make that durable, free the new part.
+    async def _extend_file(self, index: int, size_bytes: int) -> tuple[int, int]:
+        """Preallocate file ``index`` up to ``size_bytes`` and make that durable; returns the
+        new part.
 
         A failure leaves the part unused; whatever of it reached the disk is adopted as free
         space when the tier is next opened (no record can be there)."""
@@ -236,10 +204,10 @@ class ExtentSpace:
         await self.engine.preallocate(file, old_bytes, size_bytes - old_bytes)
         await self.engine.fsync(file)  # the new size (and the extents under it) is durable
         self.sizes[index] = size_bytes
-        self._free_part(index, old_bytes, size_bytes - old_bytes)
+        return self.address_of(index, old_bytes), size_bytes - old_bytes
 
-    async def _add_file(self, size_bytes: int) -> None:
-        """Create, preallocate and make durable one more extent file, then free its space
+    async def _add_file(self, size_bytes: int) -> tuple[int, int]:
+        """Create, preallocate and make durable one more extent file; returns its space
         (``size_bytes`` 0: an empty file, to grow later)."""
         index = max(self.files, default=-1) + 1
         if index >= MAX_EXTENT_FILES or size_bytes >= FILE_STRIDE_BYTES:
@@ -262,4 +230,4 @@ class ExtentSpace:
             raise
         self.files[index] = file
         self.sizes[index] = size_bytes
-        self._free_part(index, 0, size_bytes)
+        return self.address_of(index, 0), size_bytes

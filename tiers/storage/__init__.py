@@ -1,6 +1,7 @@
 """tiers.storage: durable-file primitives every persistent tier and product shares.
 
-The Tier contract, an extent allocator, sealed LMDB records, the directory lock and fsync, the
+The Tier contract, an extent allocator and the growable space built on it (deferred frees by
+pin and by epoch), sealed LMDB records, the directory lock and fsync, the
 bookkeeping of in-flight operations, and the checks that turn settings into ConfigErrors.
 """
 
@@ -9,12 +10,14 @@ from tiers.storage.directory import fsync_directory, lock_directory, unlock_dire
 from tiers.storage.extents import ExtentAllocator
 from tiers.storage.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
 from tiers.storage.op_guard import OpGuard
+from tiers.storage.space import GrowableSpace
 from tiers.storage.tier import ByteRange, Tier
 
 __all__ = [
     "ByteRange",
     "Check",
     "ExtentAllocator",
+    "GrowableSpace",
     "OpGuard",
     "Tier",
     "boolean",
