@@ -12,7 +12,7 @@ from typing import Any
 
 from benchmarks.common.measure import Config, Sample, median, spread
 
-PATH_ORDER = ("fio", "uring", "thread", "aiofiles")
+PATH_ORDER = ("fio", "uring", "thread", "aiofiles", "uring_tasks", "thread_tasks")
 
 # (name, kind, config key, threshold): "ratio" = uring / fio per round, "cpu" = uring / fio
 # CPU per I/O (at most), "aiofiles" = uring / aiofiles per round.
@@ -67,7 +67,9 @@ def _r(value: float, digits: int = 3) -> float | None:
     return None if value != value else round(value, digits)  # NaN -> null
 
 
-def headline(samples: list[Sample], mode: str, machine: str) -> dict[str, Any]:
+def headline(
+    samples: list[Sample], mode: str, machine: str, drive: str = "stream"
+) -> dict[str, Any]:
     """The one-line JSON summary printed last."""
     configs = list(dict.fromkeys(s.config for s in samples))
     figures: dict[str, Any] = {}
@@ -76,10 +78,19 @@ def headline(samples: list[Sample], mode: str, machine: str) -> dict[str, Any]:
             figures[f"{path}_vs_fio_{config}"] = _r(
                 median(round_ratios(samples, config, path, "fio"))
             )
+    for path in ("uring", "thread"):
+        # the tasks drive at 4k QD32: its own rows in a quick run, the main rows with --drive tasks
+        tasks_path = f"{path}_tasks" if _of(samples, "4k_qd32", f"{path}_tasks") else path
+        if tasks_path != path or drive == "tasks":
+            figures[f"{path}_tasks_vs_fio_4k_qd32"] = _r(
+                median(round_ratios(samples, "4k_qd32", tasks_path, "fio"))
+            )
     figures["uring_vs_aiofiles_4k_qd32"] = _r(
         median(round_ratios(samples, "4k_qd32", "uring", "aiofiles"))
     )
     for path in PATH_ORDER:
+        if path.endswith("_tasks") and not _of(samples, "4k_qd32", path):
+            continue  # the tasks rows run only in quick mode
         figures[f"{path}_cpu_us_per_io_4k"] = _r(cpu_median(samples, "4k_qd32", path), 2)
         figures[f"{path}_iops_4k_qd32"] = _r(
             median([s.iops for s in _of(samples, "4k_qd32", path)]), 0
@@ -100,6 +111,8 @@ def _table(samples: list[Sample], configs: list[Config]) -> list[str]:
     for cfg in configs:
         for path in PATH_ORDER:
             runs = _of(samples, cfg.key, path)
+            if not runs:
+                continue
             ratios = round_ratios(samples, cfg.key, path, "fio")
             lines.append(
                 f"| {cfg.key} | {path} | {spread([s.iops for s in runs], ',.0f')} "

@@ -33,6 +33,10 @@ only; about 75 s here plus a few seconds to write the file)::
 
     .venv/bin/python -m benchmarks.tiers.io_engine --quick
 
+The quick run also runs the tasks drive at 4 KiB QD32 for both engines in every round (paths
+``uring_tasks`` and ``thread_tasks``, beside the same round's fio), whatever ``--drive`` says.
+``--configs 4k_qd32 --paths fio,uring,uring_tasks`` runs only those rows (for iterating).
+
 Full mode (4 GiB file, 5 rounds of 5 s runs, about 15-20 minutes)::
 
     .venv/bin/python -m benchmarks.tiers.io_engine
@@ -78,6 +82,8 @@ from benchmarks.tiers._io_report import headline, print_report
 from tiers.io import IOEngine, ThreadEngine, UringEngine, aligned_empty
 
 PATHS = ("fio", "uring", "thread", "aiofiles")
+TASKS_PATHS = ("uring_tasks", "thread_tasks")  # the tasks drive, beside any --drive (quick)
+TASKS_KEY = "4k_qd32"
 DEFAULT_DIR = OUT_DIR
 
 
@@ -146,9 +152,9 @@ async def _engine_task(
 
 
 async def _run_engine(kind: str, cfg: Config, run: Run, seed: int) -> Window:
-    engine_type = UringEngine if kind == "uring" else ThreadEngine
+    engine_type = UringEngine if kind.startswith("uring") else ThreadEngine
     engine = engine_type(queue_depth=cfg.queue_depth)
-    if run.drive == "tasks":
+    if run.drive == "tasks" or kind.endswith("_tasks"):
         return await _run_engine_tasks(engine, cfg, run, seed)
     stream = run.drive == "stream" and cfg.queue_depth > 1
     lanes, batch = (2, STREAM_BATCH) if stream else (cfg.lanes, cfg.batch_size)
@@ -223,15 +229,27 @@ def run_one(path: str, cfg: Config, run: Run, round_index: int) -> Sample:
     return Sample(path, cfg.key, round_index, iops, iops * cfg.block_size_bytes, cpu_us, load1)
 
 
-def run_rounds(configs: list[Config], run: Run, rounds: int) -> list[Sample]:
+def paths_for(cfg: Config, quick: bool, only: tuple[str, ...] | None) -> list[str]:
+    """The paths one config runs: every path, plus the tasks drive at 4k QD32 in quick mode."""
+    paths = list(PATHS) + (list(TASKS_PATHS) if quick and cfg.key == TASKS_KEY else [])
+    return [p for p in paths if only is None or p in only]
+
+
+def run_rounds(
+    configs: list[Config],
+    run: Run,
+    rounds: int,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+) -> list[Sample]:
     samples = []
     for round_index in range(rounds):
         for cfg in configs:
-            for path in PATHS:
+            for path in paths_for(cfg, quick, only):
                 sample = run_one(path, cfg, run, round_index)
                 samples.append(sample)
                 print(
-                    f"[round {round_index + 1}/{rounds}] {cfg.key:>17} {path:>8}: "
+                    f"[round {round_index + 1}/{rounds}] {cfg.key:>17} {path:>12}: "
                     f"{sample.iops:10,.0f} IOPS {sample.bandwidth_bytes_per_s / 1e6:8,.1f} MB/s "
                     f"{sample.cpu_us_per_io:7.2f} us/IO  load1={sample.load1:.1f}",
                     file=sys.stderr,
@@ -258,6 +276,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="stream",
         help="how the engines keep QD in flight (see the module docstring)",
     )
+    parser.add_argument(
+        "--configs", help="comma-separated config keys to run (e.g. 4k_qd32); default: all"
+    )
+    parser.add_argument(
+        "--paths",
+        help=f"comma-separated paths to run, of {', '.join(PATHS + TASKS_PATHS)}; default: all",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.rounds = args.rounds or (2 if quick else 5)
@@ -273,6 +298,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tiers code: {version}", file=sys.stderr, flush=True)
     mode = "quick" if args.quick else "full"
     configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
+    if args.configs:
+        wanted = args.configs.split(",")
+        configs = [c for c in FULL_CONFIGS if c.key in wanted]
+        if not configs:
+            raise SystemExit(f"no config among {wanted}; known: {[c.key for c in FULL_CONFIGS]}")
+    only = tuple(args.paths.split(",")) if args.paths else None
     size_bytes = int(args.size_gib * GIB) // MIB * MIB
     tag = f"{size_bytes // MIB}m"
     run = Run(
@@ -288,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         made = ensure_data_file(remove_at_exit(target, args.keep_data), size_bytes)
         print(f"{'wrote' if made else 'reusing'} {target}", file=sys.stderr, flush=True)
-    samples = run_rounds(configs, run, args.rounds)
-    figures = headline(samples, mode, machine_string())
+    samples = run_rounds(configs, run, args.rounds, args.quick, only)
+    figures = headline(samples, mode, machine_string(), args.drive)
     figures["code"] = version
     figures["drive"] = args.drive
     print_report(samples, configs, figures, args, mode)

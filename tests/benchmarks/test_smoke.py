@@ -44,6 +44,7 @@ IO_ENGINE = Smoke(
         {"uring_vs_fio_4k_qd32", "thread_vs_fio_4k_qd32", "uring_vs_fio_128k_qd32"}
         | {"uring_vs_aiofiles_4k_qd32", "uring_cpu_us_per_io_4k", "fio_cpu_us_per_io_4k"}
         | {"uring_iops_4k_qd32", "targets", "load1_median", "machine", "mode", "code", "drive"}
+        | {"uring_tasks_vs_fio_4k_qd32", "thread_tasks_vs_fio_4k_qd32"}
     ),
     needs_fio=True,
 )

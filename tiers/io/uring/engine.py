@@ -33,7 +33,9 @@ from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.env import Env, default_env
 from tiers.io.errors import EngineUnavailableError, InvalidArgumentError, error_from_errno
 from tiers.io.uring import abi
+from tiers.io.uring.compiled_drive import CompiledDriver, uniform
 from tiers.io.uring.ring import Ring
+from tiers.io.uring.singles import SINGLE_KEY, SinglesMixin
 
 __all__ = ["UringEngine"]
 
@@ -59,7 +61,7 @@ def _probe(env: Env) -> str | None:
     return None
 
 
-class UringEngine(IOEngine):
+class UringEngine(SinglesMixin, IOEngine):
     """io_uring engine. Raises EngineUnavailableError where the kernel refuses io_uring."""
 
     name = "uring"
@@ -75,22 +77,30 @@ class UringEngine(IOEngine):
         self._fixed_files = False
         self._free_file_slots: list[int] = []
         depth = queue_depth
-        self._slot_bid = np.zeros(depth, np.int64)  # id() of the owning batch
-        self._slot_row = np.zeros(depth, np.int64)  # row of the request within its batch
+        self._slot_key = np.zeros(depth, np.int64)  # key of the owning batch (0: a single)
+        self._slot_row = np.zeros(depth, np.int64)  # row of the request (a single: its id)
         self._slot_done = np.zeros(depth, np.int64)  # bytes already moved by resumed requests
         self._slot_len = np.zeros(depth, np.int64)  # bytes asked of the SQE now in flight
         self._free = np.arange(depth - 1, -1, -1, dtype=np.intp)  # a stack of free slots
         self._nfree = depth
         self._rows = np.arange(max(depth, 4096), dtype=np.int64)
-        self._batches: dict[int, IOBatch] = {}  # batches with requests not yet finished
-        self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted]
+        self._batches: dict[int, IOBatch] = {}  # key -> batch with requests not yet finished
+        self._left = np.zeros(64, np.int64)  # key -> requests of the batch not yet finished
+        self._left[SINGLE_KEY] = 1 << 62  # singles are counted one by one, never "finished"
+        self._free_keys = list(range(len(self._left) - 1, SINGLE_KEY, -1))
+        self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted, key]
+        self._singles: deque[Any] = deque()  # single requests not yet in a slot
+        self._single_recs: dict[int, Any] = {}
+        self._next_single_id = 0
         self._inflight = 0
         self._resumed = 0  # slots now resuming a short transfer
         self._flush_scheduled = False
         self._watchdog: asyncio.TimerHandle | None = None
         self._buf_starts = np.zeros(0, np.uint64)
         self._buf_ends = np.zeros(0, np.uint64)
+        self._buf_starts_list: list[int] = []
         self._buf_owners: list[Any] = []
+        self._compiled: CompiledDriver | None = None
         self.counters.update(watchdog_reaps=0, wakeups=0, completion_waves=0)
 
     # ------------------------------------------------------------------ set-up
@@ -127,6 +137,7 @@ class UringEngine(IOEngine):
         self._fixed_files = self._register_file_table(ring)
         self._loop = loop
         self._ring = ring
+        self._compiled = CompiledDriver.create(self, ring)
         return ring
 
     def _register_file_table(self, ring: Ring) -> bool:
@@ -176,13 +187,23 @@ class UringEngine(IOEngine):
         self._buf_starts = np.array([r.address for r in refs], np.uint64)
         self._buf_ends = np.array([r.address + r.size_bytes for r in refs], np.uint64)
         self._buf_owners = [r.owner for r in refs]
+        self._buf_starts_list = [r.address for r in refs]
 
     # ------------------------------------------------------------------ submission
     def _start(self, batch: IOBatch) -> None:
         self._ensure_ring()
+        if not self._free_keys:
+            grown = len(self._left)
+            self._left = np.concatenate((self._left, np.zeros(grown, np.int64)))
+            self._free_keys = list(range(2 * grown - 1, grown - 1, -1))
+        key = self._free_keys.pop()
         batch.pending = len(batch)
-        self._batches[id(batch)] = batch
-        self._pending.append([batch, 0])
+        self._left[key] = len(batch)
+        self._batches[key] = batch
+        self._pending.append([batch, 0, key])
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             # Submit at the end of this loop iteration: every batch started meanwhile (say, 16
             # concurrent small gets) shares one io_uring_enter and one completion wave.
@@ -202,8 +223,12 @@ class UringEngine(IOEngine):
         eventfd again; clearing it before we sleep saves the loop a wakeup that finds nothing.
         """
         assert self._ring is not None
+        if self._compiled is not None:
+            self._compiled.drive(woken)
+            return
         reaped = woken
         while True:
+            self._fill_singles()
             self._fill()
             self._enter()  # submits, and runs completions the kernel deferred to us
             if self._harvest():
@@ -217,11 +242,14 @@ class UringEngine(IOEngine):
                 os.eventfd_read(self._eventfd)
             reaped = False
 
-    def _fill(self) -> None:
-        """Move pending rows into free slots (their SQEs are submitted by the next enter)."""
+    def _fill(self, stop_at_uniform: bool = False) -> None:
+        """Move pending rows into free slots (their SQEs are submitted by the next enter);
+        with ``stop_at_uniform``, only until a batch the compiled loop can fill comes first."""
         while self._pending and self._nfree:
             entry = self._pending[0]
-            batch, first_row = entry
+            batch, first_row, key = entry
+            if stop_at_uniform and uniform(batch, self._buf_starts_list):
+                return
             take = min(len(batch) - first_row, self._nfree)
             end_row = first_row + take
             slots = self._free[self._nfree - take : self._nfree].copy()
@@ -230,16 +258,16 @@ class UringEngine(IOEngine):
                 if end_row <= len(self._rows)
                 else np.arange(first_row, end_row)
             )
-            self._push(batch, slots, slice(first_row, end_row), 0)  # may raise: nothing changed
+            self._push_batch(batch, slots, slice(first_row, end_row), 0)  # may raise
             self._nfree -= take
-            self._slot_bid[slots] = id(batch)
+            self._slot_key[slots] = key
             self._slot_row[slots] = rows
             if end_row == len(batch):
                 self._pending.popleft()
             else:
                 entry[1] = end_row
 
-    def _push(
+    def _push_batch(
         self, batch: IOBatch, slots: np.ndarray, rows: slice | np.ndarray, done: np.ndarray | int
     ) -> None:
         """Fill SQEs for ``rows`` of ``batch`` (resuming ``done`` bytes into each) in ``slots``."""
@@ -288,13 +316,31 @@ class UringEngine(IOEngine):
             if isinstance(opcode, int) and isinstance(fd_word, int)
             else np.bitwise_or(opcode, fd_word, dtype=np.uint64)
         )
+        self._push(word0, offsets, addresses, word3, slots, buf_index, lengths, done)
+
+    def _push(
+        self,
+        word0: np.ndarray | int,
+        offsets: np.ndarray | int,
+        addresses: np.ndarray | int,
+        word3: np.ndarray | int,
+        slots: np.ndarray,
+        word5: np.ndarray | int,
+        lengths: np.ndarray | int,
+        done: np.ndarray | int,
+    ) -> None:
+        """Write SQEs (words as in ``Ring.push``) for ``slots``, asking ``lengths`` bytes each,
+        ``done`` bytes of each already moved; counted in flight."""
         assert self._ring is not None
-        self._ring.push(word0, offsets, addresses, word3, slots, buf_index)
+        self._ring.push(word0, offsets, addresses, word3, slots, word5)
         self._slot_len[slots] = lengths  # only now: a failure above leaves no trace
         self._slot_done[slots] = done
         self._inflight += len(slots)
         if self._watchdog is None:
-            self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
+            self._arm_watchdog()
+
+    def _arm_watchdog(self) -> None:
+        self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
 
     def _enter(self) -> None:
         assert self._ring is not None
@@ -345,7 +391,11 @@ class UringEngine(IOEngine):
     def _handle_unusual(self, slots: np.ndarray, res: np.ndarray) -> None:
         """Errors, EOF and short transfers: rare, so handled one by one."""
         for slot, result in zip(slots.tolist(), res.tolist(), strict=True):
-            batch = self._batches[int(self._slot_bid[slot])]
+            key = int(self._slot_key[slot])
+            if key == SINGLE_KEY:
+                self._single_unusual(slot, result)
+                continue
+            batch = self._batches[key]
             row = int(self._slot_row[slot])
             file = batch.files[row]
             done = int(self._slot_done[slot])
@@ -375,7 +425,15 @@ class UringEngine(IOEngine):
         if done and not self._slot_done[slot]:
             self._resumed += 1
         self._inflight -= 1
-        self._push(batch, np.array([slot], np.intp), np.array([row]), np.int64(done))
+        self._push_batch(batch, np.array([slot], np.intp), np.array([row]), done)
+
+    def _release_slot(self, slot: int) -> None:
+        """Free the slot of a single that finished unusually (errors, EOF)."""
+        self._inflight -= 1
+        if self._slot_done[slot]:
+            self._resumed -= 1
+        self._free[self._nfree] = slot
+        self._nfree += 1
 
     def _finish_one(self, slot: int, done: int) -> None:
         self._finish(np.array([slot], np.intp), np.array([done], np.int64))
@@ -387,11 +445,12 @@ class UringEngine(IOEngine):
         self._inflight -= n
         if self._resumed:
             self._resumed -= int(np.count_nonzero(self._slot_done[slots]))
-        bids = self._slot_bid[slots]
+        bids = self._slot_key[slots]
         rows = self._slot_row[slots]
         self._free[self._nfree : self._nfree + n] = slots
         self._nfree += n
-        if refill and self._pending:
+        if refill and (self._pending or self._singles):
+            self._fill_singles()
             self._fill()
             self._enter()
         if bids[0] == bids[-1] and (n < 3 or (bids == bids[0]).all()):
@@ -401,12 +460,18 @@ class UringEngine(IOEngine):
             mine = bids == bid
             self._account(bid, rows[mine], done[mine])
 
-    def _account(self, bid: int, rows: np.ndarray, done: np.ndarray) -> None:
-        batch = self._batches[bid]
+    def _account(self, key: int, rows: np.ndarray, done: np.ndarray, counted: bool = False) -> None:
+        """Record results of finished rows; ``counted``: ``_left`` already dropped for them."""
+        if key == SINGLE_KEY:
+            self._settle_singles(rows.tolist(), done.tolist())
+            return
+        batch = self._batches[key]
         batch.results[rows] = done
-        batch.pending -= len(rows)
-        if not batch.pending:
-            del self._batches[bid]
+        if not counted:
+            self._left[key] -= len(rows)
+        if not self._left[key]:
+            del self._batches[key]
+            self._free_keys.append(key)
             self._complete(batch)
 
     # ------------------------------------------------------------------ shutdown
