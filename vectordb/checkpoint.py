@@ -9,19 +9,18 @@ Order of a checkpoint (under the update lock, so no update is half applied):
    once searches that may still read them have finished.
 
 A crash before 3 leaves the old checkpoint and its log (the new segment is replayed too, empty
-or not); after 3, the new checkpoint. Open = load the checkpoint, replay segments >= its start.
+or not); after 3, the new checkpoint. Open = load the checkpoint, replay segments >= its start
+(the log checks that none is missing and that LSNs run on from the checkpoint's).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING
 
-from tiers.io import CorruptionError, FileMissingError
 from vectordb.meta import Checkpoint
 from vectordb.version_map import VersionMap
-from vectordb.wal import DELETE, list_segments, read_segment, segment_name
+from vectordb.wal import DELETE
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
@@ -78,42 +77,15 @@ async def load_checkpoint(index: SpannIndex) -> None:
         arrays["posting_start"], arrays["posting_capacity"], arrays["posting_count"]
     )
     index.next_pid = int(saved.state["next_pid"])
-    start_seq = int(saved.state["wal_seq"])
-    index.wal.next_lsn = int(saved.state["next_lsn"])
-    listed = list_segments(index.directory, index.engine.env)
-    segments = [seq for seq in listed if seq >= start_seq] or [start_seq]
-    _check_no_segment_missing(index.directory, start_seq, segments)
-    valid_bytes = 0
-    due_lsn = index.wal.next_lsn  # the log runs on from the checkpoint, one LSN a record
-    for seq in segments:
-        path = os.path.join(index.directory, segment_name(seq))
-        try:
-            records, valid_bytes = read_segment(path, index.config.dim, index.config.numpy_dtype)
-        except FileMissingError:
-            records, valid_bytes = [], 0
-        for record in records:
-            if record.lsn != due_lsn:
-                raise CorruptionError(
-                    f"{path}: write-ahead log record LSN {record.lsn} where {due_lsn} was due: "
-                    "acknowledged updates are missing (a lost or damaged log segment)",
-                    path,
-                )
-            due_lsn += 1
-            if record.kind == DELETE:
-                index.versions.delete(record.ids)
-            else:
-                assert record.vectors is not None
-                fresh = ~index.versions.is_live(record.ids)  # replay is idempotent
-                await apply_insert(index, record.ids[fresh], record.vectors[fresh])
-            index.wal.next_lsn = max(index.wal.next_lsn, record.lsn + 1)
-            index.counters["wal_replayed"] += 1
-    await index.wal.start_segment(segments[-1], valid_bytes)
-
-
-def _check_no_segment_missing(directory: str, start_seq: int, segments: list[int]) -> None:
-    """Segments run on from the checkpoint's without a gap (one lost in the middle would drop
-    acknowledged updates silently if its neighbours' LSNs happened to be empty around it)."""
-    for expected, seq in enumerate(segments, start_seq):
-        if seq != expected:
-            path = os.path.join(directory, segment_name(expected))
-            raise CorruptionError(f"write-ahead log segment {path} is missing", path)
+    index.wal.next_lsn = int(saved.state["next_lsn"])  # the log runs on from it, one a record
+    config = index.config
+    async for record in index.wal.recover(
+        int(saved.state["wal_seq"]), config.dim, config.numpy_dtype
+    ):
+        if record.kind == DELETE:
+            index.versions.delete(record.ids)
+        else:
+            assert record.vectors is not None
+            fresh = ~index.versions.is_live(record.ids)  # replay is idempotent
+            await apply_insert(index, record.ids[fresh], record.vectors[fresh])
+        index.counters["wal_replayed"] += 1

@@ -1,8 +1,9 @@
 """tiers.storage: durable-file primitives every persistent tier and product shares.
 
-The Tier contract, an extent allocator and the growable space built on it (deferred frees by
-pin and by epoch), sealed LMDB records, the directory lock and fsync, the
-bookkeeping of in-flight operations, and the checks that turn settings into ConfigErrors.
+The Tier contract, an extent allocator and the growable space built on it (frees deferred by
+pin and by epoch), the write-ahead log of opaque records, sealed LMDB records, the directory
+lock and fsync, the bookkeeping of in-flight operations, and the checks that turn settings into
+ConfigErrors.
 """
 
 from tiers.storage.config_checks import Check, boolean, choice, integer, number, optional, text
@@ -12,13 +13,17 @@ from tiers.storage.lmdb_records import check_lmdb_file, lmdb_errors, seal, unsea
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.space import GrowableSpace
 from tiers.storage.tier import ByteRange, Tier
+from tiers.storage.wal import LogRecord, RecordCheck, RecordLog
 
 __all__ = [
     "ByteRange",
     "Check",
     "ExtentAllocator",
     "GrowableSpace",
+    "LogRecord",
     "OpGuard",
+    "RecordCheck",
+    "RecordLog",
     "Tier",
     "boolean",
     "check_lmdb_file",
