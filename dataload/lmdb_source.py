@@ -9,6 +9,9 @@ record files.
 Keys: ``index_key(i)`` (8-byte big-endian, so key order is index order) unless ``key_fn`` says
 otherwise. ``write_lmdb`` builds such an environment.
 
+Environments are opened with tiers.storage's ``open_lmdb``, without its structural check (it
+would read the whole data set; a source is read-only, not a store of its own).
+
 Concurrency: ``read`` may run concurrently (LMDB allows many readers). LMDB allows one open
 environment per path and process, so every LmdbSource (and every loader's copy) of one path
 shares a single read-only, lock-free environment, counted and closed with its last user.
@@ -22,13 +25,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import lmdb
 import numpy as np
 
 from dataload.errors import CorruptSampleError, SampleError, SourceError
 from dataload.slabs import SlabPool
 from dataload.source import SampleBatch, Source
-from tiers.io import InvalidArgumentError, IOEngine
+from tiers.io import InvalidArgumentError, IOEngine, StorageError
+from tiers.storage import open_lmdb
 
 __all__ = ["LmdbSource", "index_key", "write_lmdb"]
 
@@ -105,9 +108,10 @@ def _acquire_env(path: str) -> Any:
         entry = _ENVS.get(path)
         if entry is None:
             try:
-                env = lmdb.open(path, readonly=True, lock=False, readahead=False)
-            except lmdb.Error as exc:
-                raise SourceError(path, f"cannot open LMDB environment: {exc}") from exc
+                env = open_lmdb(path, check=False, readonly=True, lock=False, readahead=False)
+            except StorageError as exc:  # LMDB's own words, as before the translation
+                why = exc.__cause__ or exc
+                raise SourceError(path, f"cannot open LMDB environment: {why}") from exc
             entry = _ENVS[path] = [env, 0]
         entry[1] += 1
         return entry[0]
@@ -132,7 +136,7 @@ def write_lmdb(
     """Store each sample (bytes-like) under ``key_fn(i)``; returns how many were written."""
     if map_size_bytes <= 0:
         raise InvalidArgumentError("map_size_bytes must be positive")
-    env = lmdb.open(os.fspath(path), map_size=map_size_bytes, subdir=True)
+    env = open_lmdb(os.fspath(path), map_bytes=map_size_bytes, check=False, subdir=True)
     count = 0
     try:
         with env.begin(write=True) as txn:

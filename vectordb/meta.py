@@ -4,22 +4,22 @@ What a checkpoint holds: the config, a small JSON state (counters, the WAL segme
 from, the posting file's size) and named numpy arrays (heads, posting directory, version map).
 A commit is durable (LMDB ``sync=True``) and atomic: a crash leaves the previous checkpoint whole.
 
-Records of the default database, every value *sealed* as in tiers.storage.lmdb_records (its body,
-then ``zlib.crc32(key + body)`` as a little-endian u32), so a flipped byte in a key or a value
-fails the check of its record::
+Records of the default database, every value *sealed* as in tiers.storage's ``seal`` (its
+body, then ``zlib.crc32(key + body)`` as a little-endian u32), so a flipped byte in a key or a
+value fails the check of its record::
 
     b"format"     "<II": format version (2), number of records in the database (this one too)
     b"config"     JSON object
     b"state"      JSON object
     b"a:<name>"   the array as .npy bytes (np.save, no pickles)
 
-A write replaces every record, so the count is exact. Opening runs the catalog's structural
-check of ``data.mdb`` (LMDB itself trusts its pages); reading checks every record and the count
-(a record LMDB no longer reaches is caught too). Either raises CorruptionError naming
-``data.mdb`` rather than return a wrong config, a missing array or None for an index that
-exists. Format 1 (no ``format`` record; bare JSON whose state holds ``"format": 1``; arrays
-as ``crc32(npy) + npy``) is still read, with only its arrays checked; the next checkpoint
-rewrites it as format 2.
+A write replaces every record, so the count is exact. Opening (tiers.storage's ``open_lmdb``)
+runs the structural check of ``data.mdb`` (LMDB itself trusts its pages); reading checks every
+record and the count (a record LMDB no longer reaches is caught too). Either raises
+CorruptionError naming ``data.mdb`` rather than return a wrong config, a missing array or None
+for an index that exists. Format 1 (no ``format`` record; bare JSON whose state holds
+``"format": 1``; arrays as ``crc32(npy) + npy``) is still read, with only its arrays checked;
+the next checkpoint rewrites it as format 2.
 
 Concurrency: blocking calls; the index runs them in a worker thread, one at a time.
 """
@@ -33,11 +33,10 @@ import struct
 import zlib
 from typing import Any
 
-import lmdb
 import numpy as np
 
-from tiers.io import CorruptionError, map_os_errors
-from tiers.storage import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
+from tiers.io import CorruptionError
+from tiers.storage import lmdb_errors, open_lmdb, seal, unseal, write_growing
 
 __all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore"]
 
@@ -58,9 +57,7 @@ class MetaStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self.data_path = os.path.join(path, "data.mdb")  # what a CorruptionError names
-        check_lmdb_file(self.data_path)
-        with lmdb_errors(self.data_path), map_os_errors(path):
-            self._env = lmdb.open(path, map_size=_MAP_BYTES, subdir=True, sync=True, metasync=True)
+        self._env = open_lmdb(path, map_bytes=_MAP_BYTES, subdir=True, sync=True, metasync=True)
 
     def read(self) -> Checkpoint | None:
         """The last committed checkpoint, or None for a new index."""

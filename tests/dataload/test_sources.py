@@ -132,6 +132,9 @@ def test_lmdb_round_trip_and_missing_key(tmp_path: Path) -> None:
         read_samples(LmdbSource(tmp_path / "db", count=201), [200])
     with pytest.raises(SourceError):
         LmdbSource(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()  # a directory, not an LMDB environment: LMDB's own words
+    with pytest.raises(SourceError, match=r"cannot open LMDB environment: .*No such file"):
+        LmdbSource(tmp_path / "empty")
 
 
 def test_directory_labels_round_trip_and_deleted_file(tmp_path: Path) -> None:

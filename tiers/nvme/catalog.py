@@ -18,9 +18,9 @@ damaged key cannot pass for another key, nor vanish unnoticed)::
                 b"next_version"   -> u64, sealed: above every version ever committed
                 b"entry_count"    -> u64, sealed: how many records b"objects" holds
 
-Opening first walks ``data.mdb`` with py-lmdb's pure-Python verifier (``lmdb.verify``;
-tiers.storage.lmdb_records): LMDB 0.9 checksums nothing and trusts its page headers, so damage there
-could make it read outside the file and kill the process (SIGBUS). Then every record of both
+Opening first walks ``data.mdb`` with py-lmdb's pure-Python verifier (``lmdb.verify``, in
+tiers.storage's open_lmdb): LMDB 0.9 checksums nothing and trusts its page headers, so damage
+there could make it read outside the file and kill the process (SIGBUS). Then every record of both
 databases is checked (the catalog loads them all anyway) and the objects are counted against
 ``entry_count``, so a record LMDB no longer reaches is caught too. A failed check, or LMDB
 reporting a damaged page, raises CorruptionError naming ``data.mdb``; nothing is served from a
@@ -28,13 +28,13 @@ damaged catalog. Out of reach: damage that makes LMDB pick its older meta page, 
 rolls the catalog back one commit. Format 1 (32-byte unsealed entries, a bare u32 stamp, no
 count) is upgraded in place by the first open, in the transaction that reads it.
 
-Writes are group-committed: :meth:`Catalog.apply` calls that arrive while a commit is running
-go together into the next transaction, so N concurrent puts cost one fsync, not N. Each caller
-returns only once the transaction holding its change committed (or raises if it failed, in which
-case none of that transaction's changes happened).
+Writes are group-committed (tiers.storage.LmdbWriter): :meth:`Catalog.apply` calls that arrive
+while a commit is running go together into the next transaction, so N concurrent puts cost one
+fsync, not N. Each caller returns only once the transaction holding its change committed (or
+raises if it failed, in which case none of that transaction's changes happened).
 
-Concurrency: loop thread only. Blocking LMDB calls run on one private worker thread, which is
-also what keeps LMDB's one-writer rule. ``entries`` (the in-memory mirror, for I/O-free
+Concurrency: loop thread only. Blocking LMDB calls run on the writer's one private thread,
+which is also what keeps LMDB's one-writer rule. ``entries`` (the in-memory mirror, for I/O-free
 ``size_of``/``keys``) changes only in the loop thread, right after a commit succeeds.
 Invariants: ``entries`` equals the committed ``objects`` database, ``entry_count`` its size and
 ``used_bytes`` the sum of their sizes; every version handed out by :meth:`take_version` is
@@ -43,16 +43,13 @@ unique and above every committed one, across restarts.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-import lmdb
-
-from tiers.io.errors import CorruptionError, EngineClosedError, map_os_errors
-from tiers.storage.lmdb_records import check_lmdb_file, lmdb_errors, seal, unseal, write_growing
+from tiers.io.errors import CorruptionError, EngineClosedError
+from tiers.storage.lmdb_env import LmdbWriter, lmdb_errors, open_lmdb, write_growing
+from tiers.storage.lmdb_records import seal, unseal
 
 __all__ = ["Catalog", "CatalogEntry"]
 
@@ -80,7 +77,7 @@ class CatalogEntry(NamedTuple):
         return cls(*_ENTRY.unpack(raw))
 
 
-_Change = tuple[str, CatalogEntry | None, "asyncio.Future[None]"]
+_Change = tuple[str, CatalogEntry | None]
 
 
 class Catalog:
@@ -93,19 +90,17 @@ class Catalog:
         self.used_bytes = 0  # sum of the sizes in ``entries``
         self.next_version = 1
         self.commits = 0  # LMDB transactions committed (group commits count once)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="tierkit-catalog")
+        self._writer: LmdbWriter[_Change] = LmdbWriter(self._commit, "tierkit-catalog")
         self._env: Any = None
         self._objects: Any = None
         self._meta: Any = None
-        self._pending: list[_Change] = []
-        self._committer: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Open (creating if needed) the LMDB environment, load and check every entry.
 
         Raises: CorruptionError (a record fails its check), StorageError.
         """
-        await self._call(self._open_sync)
+        await self._writer.call(self._open_sync)
 
     def take_version(self) -> int:
         """A new version number for a put, unique across restarts once its entry commits."""
@@ -118,13 +113,7 @@ class Catalog:
 
         Raises: NoSpaceError, StorageError, CorruptionError from LMDB (nothing was changed).
         """
-        if self._env is None:
-            raise EngineClosedError(f"catalog {self.path!r} is closed")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((key, entry, future))
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.ensure_future(self._commit_loop())
-        await future
+        await self.apply_many([(key, entry)])
 
     async def apply_many(self, changes: list[tuple[str, CatalogEntry | None]]) -> None:
         """Durably make every change of ``changes`` in one transaction; returns after it.
@@ -133,58 +122,37 @@ class Catalog:
         """
         if self._env is None:
             raise EngineClosedError(f"catalog {self.path!r} is closed")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.extend((key, entry, future) for key, entry in changes)
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.ensure_future(self._commit_loop())
-        await future
+        await self._writer.submit(changes)
 
     async def close(self) -> None:
         """Wait for pending commits, then close LMDB and the worker thread."""
-        while self._committer is not None and not self._committer.done():
-            await asyncio.shield(self._committer)
+        await self._writer.drain()
         if self._env is not None:
             env, self._env = self._env, None
-            await self._call(env.close)
-        self._executor.shutdown(wait=False)
+            await self._writer.call(env.close)
+        await self._writer.close()
 
     # ----------------------------------------------------------------- internals
-    async def _call(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def _commit(self, changes: list[_Change]) -> None:
+        """One group commit (loop thread); ``entries`` follows only once it committed."""
+        count = self._count_after(changes)
+        await self._writer.call(self._commit_sync, changes, self.next_version, count)
+        self.commits += 1
+        for key, entry in changes:
+            old = self.entries.pop(key, None)
+            self.used_bytes -= old.size_bytes if old is not None else 0
+            if entry is not None:
+                self.entries[key] = entry
+                self.used_bytes += entry.size_bytes
 
-    async def _commit_loop(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            changes = [(key, entry) for key, entry, _ in batch]
-            count = self._count_after(changes)
-            try:
-                await self._call(self._commit_sync, changes, self.next_version, count)
-            except Exception as exc:
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            self.commits += 1
-            for key, entry in changes:
-                old = self.entries.pop(key, None)
-                self.used_bytes -= old.size_bytes if old is not None else 0
-                if entry is not None:
-                    self.entries[key] = entry
-                    self.used_bytes += entry.size_bytes
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_result(None)
-
-    def _count_after(self, changes: list[tuple[str, CatalogEntry | None]]) -> int:
+    def _count_after(self, changes: list[_Change]) -> int:
         """How many entries the catalog holds once ``changes`` (in order) commit."""
         present = {key: entry is not None for key, entry in changes}
         return len(self.entries) + sum(now - (key in self.entries) for key, now in present.items())
 
     def _open_sync(self) -> None:
-        check_lmdb_file(self.data_path)
+        env = open_lmdb(self.path, map_bytes=_INITIAL_MAP_BYTES, **_ENV_OPTIONS)
         with lmdb_errors(self.data_path):
-            with map_os_errors(self.path):
-                env = lmdb.open(self.path, map_size=_INITIAL_MAP_BYTES, **_ENV_OPTIONS)
             try:
                 self._load(env)
             except BaseException:
@@ -268,9 +236,7 @@ class Catalog:
     def _corrupt(self, what: str) -> CorruptionError:
         return CorruptionError(f"{what} in {self.data_path}", self.data_path)
 
-    def _commit_sync(
-        self, changes: list[tuple[str, CatalogEntry | None]], next_version: int, entry_count: int
-    ) -> None:
+    def _commit_sync(self, changes: list[_Change], next_version: int, entry_count: int) -> None:
         def write(txn: Any) -> None:
             for key, entry in changes:
                 raw = key.encode()

@@ -1,4 +1,4 @@
-"""Sealed LMDB records and LMDB's errors in the tierkit tree: what every LMDB store here shares.
+"""Sealed LMDB records and the structural check of LMDB data files.
 
 A *sealed* value is its body followed by ``zlib.crc32(key + body)`` as a little-endian u32, so a
 flipped byte in a key or a value fails the check of its record: a damaged key can neither pass
@@ -7,43 +7,25 @@ index's checkpoint store (vectordb.meta) seal every record and count them.
 
 :func:`check_lmdb_file` walks a data file with py-lmdb's pure-Python verifier (``lmdb.verify``,
 py-lmdb >= 3.0) before LMDB maps it: LMDB 0.9 checksums nothing and trusts its page headers, so
-damage there could make it read outside the file and kill the process (SIGBUS).
-:func:`lmdb_errors` translates LMDB's exceptions once, at the boundary.
+damage there could make it read outside the file and kill the process (SIGBUS). Opening,
+growing and writing environments, and LMDB's errors, are tiers.storage.lmdb_env's.
 
 Thread-safety: pure functions; safe from any thread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterator
-from typing import Any
 
-import lmdb
 from lmdb.verify import VerifyError, verify  # py-lmdb >= 3.0 (pinned): pure Python, uncrashable
 
-from tiers.io.errors import (
-    CorruptionError,
-    NoSpaceError,
-    PermissionDeniedError,
-    StorageError,
-    map_os_errors,
-)
+from tiers.io.errors import CorruptionError, map_os_errors
 
-__all__ = ["check_lmdb_file", "lmdb_errors", "seal", "unseal", "write_growing"]
+__all__ = ["check_lmdb_file", "seal", "unseal"]
 
 _U32 = struct.Struct("<I")
-# LMDB's ways of saying that a file is damaged. Incompatible: a database's flags changed (ours
-# never do); BadTxn: LMDB failed the transaction on meeting a bad page (we never nest or reuse
-# one); VersionMismatch: the meta page names another data format; BadChecksum: LMDB 1.0's.
-_DAMAGE_NAMES = "Corrupted PageNotFound Invalid Incompatible BadTxn VersionMismatch BadChecksum"
-_DAMAGE = tuple(
-    getattr(lmdb, f"{n}Error") for n in _DAMAGE_NAMES.split() if hasattr(lmdb, n + "Error")
-)
 
 
 def seal(key: bytes, body: bytes) -> bytes:
@@ -75,32 +57,3 @@ def check_lmdb_file(data_path: str) -> None:
     if problems:
         found = "; ".join(problems[:3])
         raise CorruptionError(f"{data_path} fails LMDB's structural check: {found}", data_path)
-
-
-@contextlib.contextmanager
-def lmdb_errors(path: str) -> Iterator[None]:
-    """Translate LMDB's exceptions into the tierkit error tree; ``path``: the file to name."""
-    try:
-        yield
-    except lmdb.Error as exc:
-        message = f"LMDB: {exc}"
-        if isinstance(exc, lmdb.DiskError):
-            raise NoSpaceError(errno.ENOSPC, message, path) from exc
-        if isinstance(exc, lmdb.ReadonlyError):
-            raise PermissionDeniedError(errno.EROFS, message, path) from exc
-        if isinstance(exc, _DAMAGE):
-            raise CorruptionError(f"LMDB finds {path} damaged: {exc}", path) from exc
-        raise StorageError(errno.EIO, message, path) from exc
-
-
-def write_growing(env: Any, write: Callable[[Any], None]) -> None:
-    """Run ``write(txn)`` in one write transaction of ``env`` and commit it, doubling the map
-    and starting over whenever LMDB finds it full (the map is virtual: the file grows only with
-    its contents). Call inside :func:`lmdb_errors`; one writer at a time, as LMDB requires."""
-    while True:
-        try:
-            with env.begin(write=True) as txn:
-                write(txn)
-            return
-        except lmdb.MapFullError:
-            env.set_mapsize(env.info()["map_size"] * 2)

@@ -18,7 +18,7 @@ import pytest
 from tests.tiers.storage.lmdb_flips import delete_behind_its_back, flipped_copies, node_regions
 from tiers.io.errors import CorruptionError
 from tiers.nvme.catalog import Catalog, CatalogEntry
-from tiers.storage.lmdb_records import lmdb_errors
+from tiers.storage import lmdb_errors
 
 KEYS = ["alpha", "ключ-7", "k" * 40, *(f"obj-{i:03d}" for i in range(12)), "zz/last"]
 VICTIMS = ["alpha", "ключ-7", "k" * 40, "obj-006", "zz/last"]
