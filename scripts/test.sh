@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: sets up .venv if needed, then ruff and pytest.
+# The whole test suite: sets up .venv if needed, then ruff, mypy and pytest.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 ruff check .
 ruff format --check . || { echo "ruff format: run 'ruff format .'"; exit 1; }
+mypy  # the library packages, as configured in pyproject.toml
 python -m pytest "$@"
