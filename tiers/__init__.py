@@ -5,7 +5,7 @@ before it::
 
     tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree, and
                     IORuntime: one engine per loop, executors and buffers every product shares
-    tiers.storage   the Tier contract, extent allocator, sealed LMDB records, directory lock
+    tiers.storage   the Tier contract, growable space, write-ahead log, LMDB helper, dir lock
     tiers.memory    HBM, DRAM and CXL tiers (one arena each), NUMA placement
     tiers.nvme      the persistent tier: checksummed records in extent files, LMDB catalog
     tiers.store     TieredStore, eviction policies, configuration (open_store)
