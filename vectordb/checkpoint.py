@@ -62,7 +62,7 @@ async def write_checkpoint(index: SpannIndex) -> None:
         "posting_count": directory["count"],
     }
     snapshot = Checkpoint(index.config.to_dict(), state, arrays)
-    await asyncio.to_thread(index.meta.write, snapshot)
+    await index.runtime.run_blocking(index.meta.write, snapshot)
 
 
 async def load_checkpoint(index: SpannIndex) -> None:
