@@ -198,3 +198,28 @@ def test_close_with_singles_and_batches_in_flight(tmp_path: Path, compiled: bool
         assert engine._inflight == 0 and engine._nfree == 4 and not engine._single_recs
 
     run(body)
+
+
+def test_compiled_loop_refills_before_handing_back(tmp_path: Path) -> None:
+    if _load() is None:
+        pytest.skip("numba is not available here: only the Python path runs")
+    path, data = _data_file(tmp_path)
+
+    async def body() -> None:
+        engine = _engine(True, queue_depth=8)
+        file = await engine.open(path, direct=True)  # completions come later, not inline
+        small, big = aligned_empty(16 * 4096), aligned_empty(200 * 4096)
+        offsets = np.arange(200, dtype=np.int64) * 4096
+        rest = asyncio.ensure_future(engine.read_batch(file, big, offsets[::-1].copy(), 4096))
+        await engine.read_batch(file, small, offsets[:16], 4096)
+        # the small batch's caller runs here: the slots its last wave freed already hold
+        # rows of the big batch, so the device is not left short while Python runs
+        left = len(engine._pending[0][0]) - engine._pending[0][1] if engine._pending else 0
+        assert left > 0, "the big batch ran out of rows: the check below proves nothing"
+        assert engine._inflight == 8
+        await rest
+        assert np.array_equal(small, data[: 16 * 4096])
+        assert np.array_equal(big.reshape(200, 4096), data[: 200 * 4096].reshape(200, 4096)[::-1])
+        await engine.aclose()
+
+    run(body)

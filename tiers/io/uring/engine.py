@@ -10,6 +10,10 @@ spinning. Registered files are used for every open file, and registered buffers
 Short transfers are resumed from where they stopped; EAGAIN/EINTR completions are retried.
 No SQPOLL: on small VMs its polling thread starves the submitter (about 10x slower).
 
+Layout: this file sets the ring up and drives it (``_drive``: the compiled loop of
+``compiled_drive`` when numba is there, else the Python loop); ``submission`` builds SQEs,
+``completion`` turns CQEs into results, ``singles`` gathers single requests.
+
 Concurrency: loop-thread only (the ring is SINGLE_ISSUER). Invariants: a slot is free or owned
 by exactly one in-flight request; ``_pending`` holds batches whose rows are not all submitted.
 """
@@ -19,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import errno
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -27,25 +30,19 @@ from typing import Any
 
 import numpy as np
 
-from tiers.io.batch import FDATASYNC, READ, IOBatch
+from tiers.io.batch import IOBatch
 from tiers.io.buffers import as_buffer
-from tiers.io.engine import FileHandle, IOEngine
+from tiers.io.engine import FileHandle
 from tiers.io.env import Env, default_env
-from tiers.io.errors import EngineUnavailableError, InvalidArgumentError, error_from_errno
+from tiers.io.errors import EngineUnavailableError, InvalidArgumentError
 from tiers.io.uring import abi
-from tiers.io.uring.compiled_drive import CompiledDriver, uniform
+from tiers.io.uring.compiled_drive import CompiledDriver
+from tiers.io.uring.completion import CompletionMixin
 from tiers.io.uring.ring import Ring
-from tiers.io.uring.singles import SINGLE_KEY, SinglesMixin
+from tiers.io.uring.singles import SINGLE_KEY
+from tiers.io.uring.submission import WATCHDOG_S
 
 __all__ = ["UringEngine"]
-
-_OPCODE = np.array([abi.OP_READ, abi.OP_WRITE, abi.OP_FSYNC, abi.OP_FSYNC], np.uint8)
-_FIXED_OPCODE = np.array(
-    [abi.OP_READ_FIXED, abi.OP_WRITE_FIXED, abi.OP_FSYNC, abi.OP_FSYNC], np.uint8
-)
-_RW_FLAGS = np.array([0, 0, 0, abi.FSYNC_DATASYNC], np.uint32)
-_RETRY = {errno.EAGAIN, errno.EINTR}
-_WATCHDOG_S = 0.25
 
 
 _PROBED: list[str | None] = []  # the default Env's probe answer, once known
@@ -61,7 +58,7 @@ def _probe(env: Env) -> str | None:
     return None
 
 
-class UringEngine(SinglesMixin, IOEngine):
+class UringEngine(CompletionMixin):
     """io_uring engine. Raises EngineUnavailableError where the kernel refuses io_uring."""
 
     name = "uring"
@@ -242,116 +239,6 @@ class UringEngine(SinglesMixin, IOEngine):
                 os.eventfd_read(self._eventfd)
             reaped = False
 
-    def _fill(self, stop_at_uniform: bool = False) -> None:
-        """Move pending rows into free slots (their SQEs are submitted by the next enter);
-        with ``stop_at_uniform``, only until a batch the compiled loop can fill comes first."""
-        while self._pending and self._nfree:
-            entry = self._pending[0]
-            batch, first_row, key = entry
-            if stop_at_uniform and uniform(batch, self._buf_starts_list):
-                return
-            take = min(len(batch) - first_row, self._nfree)
-            end_row = first_row + take
-            slots = self._free[self._nfree - take : self._nfree].copy()
-            rows = (
-                self._rows[first_row:end_row]
-                if end_row <= len(self._rows)
-                else np.arange(first_row, end_row)
-            )
-            self._push_batch(batch, slots, slice(first_row, end_row), 0)  # may raise
-            self._nfree -= take
-            self._slot_key[slots] = key
-            self._slot_row[slots] = rows
-            if end_row == len(batch):
-                self._pending.popleft()
-            else:
-                entry[1] = end_row
-
-    def _push_batch(
-        self, batch: IOBatch, slots: np.ndarray, rows: slice | np.ndarray, done: np.ndarray | int
-    ) -> None:
-        """Fill SQEs for ``rows`` of ``batch`` (resuming ``done`` bytes into each) in ``slots``."""
-        lengths = batch.lengths[rows]
-        addresses = batch.addresses[rows]
-        offsets = batch.offsets[rows]
-        if done:  # resuming a short transfer
-            lengths, offsets = lengths - done, offsets + done
-            addresses = addresses + np.uint64(done)
-        op = batch.op
-        if op >= 0:
-            opcode: np.ndarray | int = int(_OPCODE[op])
-            word3: np.ndarray | int = lengths if op != FDATASYNC else abi.FSYNC_DATASYNC << 32
-        else:
-            ops = batch.ops[rows]
-            opcode = _OPCODE[ops].astype(np.uint64)
-            word3 = lengths.astype(np.uint64) | (_RW_FLAGS[ops].astype(np.uint64) << 32)
-        buf_index: np.ndarray | int = 0
-        if len(self._buf_starts):
-            k = np.searchsorted(self._buf_starts, addresses, side="right") - 1
-            k0 = np.maximum(k, 0)
-            inside = (k >= 0) & (addresses + lengths.astype(np.uint64) <= self._buf_ends[k0])
-            ops = batch.ops[rows]
-            opcode = np.where(inside, _FIXED_OPCODE[ops], _OPCODE[ops]).astype(np.uint64)
-            buf_index = k0.astype(np.uint64)
-        file = batch.file
-        if file is not None:
-            fd, flags = (file.slot, abi.SQE_FIXED_FILE) if file.slot >= 0 else (file.fd, 0)
-            fd_word: np.ndarray | int = ((fd & 0xFFFFFFFF) << 32) | (flags << 8)
-        else:
-            files = (
-                batch.files[rows]
-                if isinstance(rows, slice)
-                else [batch.files[r] for r in rows.tolist()]
-            )
-            fd_word = np.array(
-                [
-                    ((f.slot if f.slot >= 0 else f.fd) << 32)
-                    | ((abi.SQE_FIXED_FILE if f.slot >= 0 else 0) << 8)
-                    for f in files
-                ],
-                np.uint64,
-            )
-        word0 = (
-            opcode | fd_word
-            if isinstance(opcode, int) and isinstance(fd_word, int)
-            else np.bitwise_or(opcode, fd_word, dtype=np.uint64)
-        )
-        self._push(word0, offsets, addresses, word3, slots, buf_index, lengths, done)
-
-    def _push(
-        self,
-        word0: np.ndarray | int,
-        offsets: np.ndarray | int,
-        addresses: np.ndarray | int,
-        word3: np.ndarray | int,
-        slots: np.ndarray,
-        word5: np.ndarray | int,
-        lengths: np.ndarray | int,
-        done: np.ndarray | int,
-    ) -> None:
-        """Write SQEs (words as in ``Ring.push``) for ``slots``, asking ``lengths`` bytes each,
-        ``done`` bytes of each already moved; counted in flight."""
-        assert self._ring is not None
-        self._ring.push(word0, offsets, addresses, word3, slots, word5)
-        self._slot_len[slots] = lengths  # only now: a failure above leaves no trace
-        self._slot_done[slots] = done
-        self._inflight += len(slots)
-        if self._watchdog is None:
-            self._arm_watchdog()
-
-    def _arm_watchdog(self) -> None:
-        self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
-
-    def _enter(self) -> None:
-        assert self._ring is not None
-        try:
-            self._ring.enter()
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EBUSY):
-                raise
-            # the kernel is short of resources: unsubmitted SQEs stay queued and the next
-            # completion (or the watchdog) submits them
-
     # ------------------------------------------------------------------ completion
     def _on_wakeup(self) -> None:
         self.counters["wakeups"] += 1
@@ -367,112 +254,7 @@ class UringEngine(SinglesMixin, IOEngine):
             self.counters["watchdog_reaps"] += 1
         self._drive()
         if self._inflight and self._watchdog is None:
-            self._watchdog = self._loop.call_later(_WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
-
-    def _harvest(self) -> bool:
-        """Process every posted completion; True when there was any."""
-        assert self._ring is not None
-        reaped = False
-        while (cqes := self._ring.reap()) is not None:
-            reaped = True
-            self.counters["completion_waves"] += 1
-            slots = cqes[:, 0].astype(np.intp)
-            res = cqes.view(np.int32)[:, 2].astype(np.int64)
-            ok = res == self._slot_len[slots]
-            if not ok.all():
-                self._handle_unusual(slots[~ok], res[~ok])
-                slots, res = slots[ok], res[ok]
-            if len(slots):
-                if self._resumed:
-                    res += self._slot_done[slots]
-                self._finish(slots, res, refill=True)
-        return reaped
-
-    def _handle_unusual(self, slots: np.ndarray, res: np.ndarray) -> None:
-        """Errors, EOF and short transfers: rare, so handled one by one."""
-        for slot, result in zip(slots.tolist(), res.tolist(), strict=True):
-            key = int(self._slot_key[slot])
-            if key == SINGLE_KEY:
-                self._single_unusual(slot, result)
-                continue
-            batch = self._batches[key]
-            row = int(self._slot_row[slot])
-            file = batch.files[row]
-            done = int(self._slot_done[slot])
-            if result < 0 and -result in _RETRY:
-                self._resubmit(slot, batch, row, done)
-                continue
-            if result < 0:
-                batch.errors[row] = error_from_errno(
-                    -result, file.path, int(batch.offsets[row]) + done
-                )
-                self._finish_one(slot, done)
-                continue
-            done += result
-            is_read = batch.ops[row] == READ
-            if result == 0 and not is_read:
-                batch.errors[row] = error_from_errno(
-                    errno.EIO, file.path, int(batch.offsets[row]) + done
-                )
-                self._finish_one(slot, done)
-            elif result == 0 or (file.direct and done % file.alignment_bytes):
-                self._finish_one(slot, done)  # end of file
-            else:
-                self.counters["short_transfers_resumed"] += 1
-                self._resubmit(slot, batch, row, done)
-
-    def _resubmit(self, slot: int, batch: IOBatch, row: int, done: int) -> None:
-        if done and not self._slot_done[slot]:
-            self._resumed += 1
-        self._inflight -= 1
-        self._push_batch(batch, np.array([slot], np.intp), np.array([row]), done)
-
-    def _release_slot(self, slot: int) -> None:
-        """Free the slot of a single that finished unusually (errors, EOF)."""
-        self._inflight -= 1
-        if self._slot_done[slot]:
-            self._resumed -= 1
-        self._free[self._nfree] = slot
-        self._nfree += 1
-
-    def _finish_one(self, slot: int, done: int) -> None:
-        self._finish(np.array([slot], np.intp), np.array([done], np.int64))
-
-    def _finish(self, slots: np.ndarray, done: np.ndarray, refill: bool = False) -> None:
-        """Free the slots of finished requests, refill them (``refill``: the device gets new
-        work before we do the bookkeeping), then record results and complete whole batches."""
-        n = len(slots)
-        self._inflight -= n
-        if self._resumed:
-            self._resumed -= int(np.count_nonzero(self._slot_done[slots]))
-        bids = self._slot_key[slots]
-        rows = self._slot_row[slots]
-        self._free[self._nfree : self._nfree + n] = slots
-        self._nfree += n
-        if refill and (self._pending or self._singles):
-            self._fill_singles()
-            self._fill()
-            self._enter()
-        if bids[0] == bids[-1] and (n < 3 or (bids == bids[0]).all()):
-            self._account(int(bids[0]), rows, done)
-            return
-        for bid in np.unique(bids).tolist():
-            mine = bids == bid
-            self._account(bid, rows[mine], done[mine])
-
-    def _account(self, key: int, rows: np.ndarray, done: np.ndarray, counted: bool = False) -> None:
-        """Record results of finished rows; ``counted``: ``_left`` already dropped for them."""
-        if key == SINGLE_KEY:
-            self._settle_singles(rows.tolist(), done.tolist())
-            return
-        batch = self._batches[key]
-        batch.results[rows] = done
-        if not counted:
-            self._left[key] -= len(rows)
-        if not self._left[key]:
-            del self._batches[key]
-            self._free_keys.append(key)
-            self._complete(batch)
+            self._watchdog = self._loop.call_later(WATCHDOG_S, self._on_watchdog)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:

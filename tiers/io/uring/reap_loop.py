@@ -20,7 +20,8 @@ Contract of :func:`run_batch` (all arrays are the engine's, shared by reference)
 * it stops after a wave in which some ``left[key]`` reached 0 (a batch finished: its caller should
   run), after ``budget`` completions (the event loop must breathe), when the batch has no rows
   left, when nothing completed and ``wait`` is false, or when ``io_uring_enter`` fails (status
-  ``ENTER_FAILED``: Python repeats the call to read errno).
+  ``ENTER_FAILED``: Python repeats the call to read errno); before it stops it refills the slots
+  the last wave freed and submits them (no wait), so the device stays fed while Python runs.
 
 Concurrency: called only from the ring's thread (the ring is SINGLE_ISSUER); ``nogil``.
 Invariants: ``state`` = [sq tail, free slots, next row, out count, odd count, in flight, resumed].
@@ -48,6 +49,17 @@ _MASK32 = 0xFFFFFFFF
 _syscall = types.ExternalFunction("syscall", types.int64(*([types.int64] * 7)))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _put(words: Any, i: int, word0: int, offset: int, address: int, length: int, word3_hi: int,
+         slot: int) -> None:  # fmt: skip
+    words[i, 0] = word0
+    words[i, 1] = offset
+    words[i, 2] = address
+    words[i, 3] = length | word3_hi
+    words[i, 4] = slot
+    words[i, 5] = 0
+
+
 @njit(nogil=True, cache=True)
 def run_batch(
     ring_fd: int, sq_head: Any, sq_tail: Any, sq_mask: int, words: Any,
@@ -62,18 +74,16 @@ def run_batch(
     nout, nodd, reaped = 0, 0, 0
     room = len(out_key) - len(cqes)  # a wave can never overflow the out arrays
     status = 0
+    stop = False
     while True:
-        while nfree > 0 and row < n_rows:  # refill before any bookkeeping: device first
+        # refill before any bookkeeping (device first); also right before stopping: Python is
+        # about to run (callers, bookkeeping: tens of microseconds) and the slots the last wave
+        # freed should hold work meanwhile, not sit idle until the next call
+        while nfree > 0 and row < n_rows:
             nfree -= 1
             slot = free[nfree]
-            i = tail & sq_mask
             length = lengths[row]
-            words[i, 0] = word0
-            words[i, 1] = offsets[row]
-            words[i, 2] = addresses[row]
-            words[i, 3] = length | word3_hi
-            words[i, 4] = slot
-            words[i, 5] = 0
+            _put(words, tail & sq_mask, word0, offsets[row], addresses[row], length, word3_hi, slot)
             slot_key[slot] = key
             slot_row[slot] = row
             slot_len[slot] = length
@@ -83,6 +93,10 @@ def run_batch(
             inflight += 1
         sq_tail[0] = tail
         unsubmitted = (tail - np.int64(sq_head[0])) & _MASK32
+        if stop:
+            if unsubmitted and _syscall(_SYS_IO_URING_ENTER, ring_fd, unsubmitted, 0, 0, 0, 0) < 0:  # type: ignore[call-overload]
+                status = ENTER_FAILED
+            break
         min_complete = 1 if wait and row < n_rows and inflight > 0 else 0
         rc = _syscall(_SYS_IO_URING_ENTER, ring_fd, unsubmitted, min_complete, _GETEVENTS, 0, 0)  # type: ignore[call-overload]
         if rc < 0:
@@ -119,10 +133,8 @@ def run_batch(
                 nodd += 1
         cq_head[0] = head  # the CQ slots go back to the kernel only after the reads above
         reaped += n
-        if finished or nodd or nout > room or reaped >= budget or row >= n_rows:
-            break
-        if n == 0 and not wait:
-            break
+        stop = finished or nodd > 0 or nout > room or reaped >= budget or row >= n_rows
+        stop |= n == 0 and not wait
     state[0], state[1], state[2], state[3], state[4], state[5], state[6] = (
         tail, nfree, row, nout, nodd, inflight, resumed,
     )  # fmt: skip
