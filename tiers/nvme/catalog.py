@@ -59,7 +59,13 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _META = {b"format_version": _U32, b"next_version": _U64, b"entry_count": _U64}
 _INITIAL_MAP_BYTES = 1 << 30  # virtual: LMDB's file grows with its contents, not this
-_ENV_OPTIONS: dict[str, Any] = dict(subdir=True, sync=True, metasync=True, max_dbs=2, readahead=False)
+_ENV_OPTIONS: dict[str, Any] = {
+    "subdir": True,
+    "sync": True,
+    "metasync": True,
+    "max_dbs": 2,
+    "readahead": False,
+}
 
 
 class CatalogEntry(NamedTuple):
