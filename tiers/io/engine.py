@@ -204,7 +204,7 @@ class IOEngine(abc.ABC):
         work = asyncio.ensure_future(
             asyncio.to_thread(self.env.allocate, file.fd, offset_bytes, size_bytes)
         )
-        work.add_done_callback(lambda _: _release_one(file))  # even if the caller is cancelled
+        work.add_done_callback(lambda _: self._settle(file, 1))  # even if the caller is cancelled
         with map_os_errors(file.path, offset_bytes):
             await asyncio.shield(work)
 
@@ -312,20 +312,28 @@ class IOEngine(abc.ABC):
         if batch.errors:
             self._raise_first_error(batch)
 
+    def _settle(self, file: FileHandle, count: int) -> None:
+        """``count`` requests on ``file`` are no longer in flight: wake its drain waiters."""
+        file.inflight -= count
+        if not file.inflight:
+            _wake_all(file._drained)
+
+    def _settle_batch(self, requests: int) -> None:
+        """A batch (or a gathered single request) finished: count it, wake engine drains."""
+        self._inflight_batches -= 1
+        if not self._inflight_batches:
+            _wake_all(self._drained)
+        self.counters["batches"] += 1
+        self.counters["requests"] += requests
+
     def _complete(self, batch: IOBatch) -> None:
         """Called by the engine, in the loop thread, once no request of ``batch`` is in flight."""
         if not batch.future.done():  # the caller resumes before anyone waiting for a drain
             batch.future.set_result(None)
         for file, count in batch.file_counts.items():
-            file.inflight -= count
-            if not file.inflight:
-                _wake_all(file._drained)
-        self._inflight_batches -= 1
-        if not self._inflight_batches:
-            _wake_all(self._drained)
+            self._settle(file, count)
+        self._settle_batch(len(batch))
         counters = self.counters
-        counters["batches"] += 1
-        counters["requests"] += len(batch)
         if batch.op == READ:
             counters["bytes_read"] += int(batch.results.sum())
         elif batch.op == WRITE:
@@ -377,12 +385,6 @@ class IOEngine(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """Counters since creation, plus the engine's name and queue depth."""
         return {"engine": self.name, "queue_depth": self.queue_depth, **self.counters}
-
-
-def _release_one(file: FileHandle) -> None:
-    file.inflight -= 1
-    if not file.inflight:
-        _wake_all(file._drained)
 
 
 def _wake_all(waiters: list[asyncio.Future[None]]) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from tiers.io.batch import READ, WRITE
 from tiers.io.buffers import as_buffer
-from tiers.io.engine import FileHandle, IOEngine, _wake_all
+from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import error_from_errno
 from tiers.io.uring import abi
 
@@ -204,15 +204,8 @@ class SinglesMixin(IOEngine):
                 if hasattr(error, "batch_results"):
                     error.batch_results = [error]
                 future.set_exception(error)
-        file = rec.file
-        file.inflight -= 1
-        if not file.inflight:
-            _wake_all(file._drained)
-        self._inflight_batches -= 1
-        if not self._inflight_batches:
-            _wake_all(self._drained)
+        self._settle(rec.file, 1)
+        self._settle_batch(1)
         counters = self.counters
-        counters["batches"] += 1
-        counters["requests"] += 1
         counters["bytes_read" if rec.op == READ else "bytes_written"] += result
         counters["errors"] += error is not None
