@@ -88,6 +88,15 @@ class ArenaTier(Tier):
     def used_bytes(self) -> int:
         return self._used_bytes
 
+    @property
+    def free_bytes(self) -> int:
+        """The largest size a put can take now: the capacity left, but no more than the arena's
+        free extents hold, because each object's extent is rounded up to the alignment (so a
+        tier of small objects fills its arena before its byte count says so)."""
+        unit = self._extents.alignment_bytes
+        arena_free = self._extents.free_bytes // unit * unit
+        return min(self.capacity_bytes - self._used_bytes, arena_free)
+
     async def get(
         self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
     ) -> Any | None:

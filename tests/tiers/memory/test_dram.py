@@ -224,3 +224,23 @@ def test_an_arena_the_kernel_refuses_is_a_typed_error_naming_the_tier() -> None:
         DramTier("huge", 1 << 50)  # more than any process's address space
     assert isinstance(info.value, StorageError) and info.value.errno == errno.ENOMEM
     assert "dram tier 'huge'" in str(info.value) and str(info.value).startswith("[ENOMEM]")
+
+
+def test_free_bytes_never_promises_room_the_arena_lacks() -> None:
+    """Objects of 65 bytes take 128-byte extents: the arena fills while the byte count still
+    shows room. free_bytes must say so, so a caller (the store) evicts instead of failing."""
+
+    async def main() -> None:
+        tier = DramTier("dram", 1000)
+        payload = np.arange(65, dtype=np.uint8)
+        stored = 0
+        while tier.free_bytes >= len(payload):
+            await tier.put(f"k{stored}", payload)  # every put free_bytes allowed succeeds
+            stored += 1
+        assert stored == 8 and tier.used_bytes == 8 * 65
+        assert tier.capacity_bytes - tier.used_bytes >= len(payload)  # the count alone says fits
+        with pytest.raises(CapacityError):
+            await tier.put("one-too-many", payload)
+        assert tier.used_bytes == 8 * 65
+
+    asyncio.run(main())
