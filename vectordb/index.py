@@ -37,6 +37,7 @@ from tiers.storage import lock_directory, unlock_directory
 from vectordb import dot_kernel, head_scan
 from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import IndexClosedError, IndexConfigError
+from vectordb.gather import SearchGatherer
 from vectordb.meta import MetaStore
 from vectordb.metric import Metric
 from vectordb.navigator import Navigator
@@ -72,6 +73,7 @@ class SpannIndex:
         # head scans running on the scoring thread while the loop thread goes on (search.py):
         # the heads must not change under them (rebalance awaits heads_quiet first)
         self.head_scans: set[asyncio.Future[Any]] = set()
+        self.gatherer: SearchGatherer | None = None  # made by the first small search
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
         self.counters["corrupt_lists_skipped"] = 0  # list reads a search answered without
@@ -309,6 +311,8 @@ class SpannIndex:
             **self.counters,
             **self.store.stats(),
             "wal_bytes": self.wal.bytes_written,
+            "gathered_batches": self.gatherer.batches if self.gatherer else 0,
+            "gathered_queries": self.gatherer.gathered_queries if self.gatherer else 0,
         }
 
     def take_pid(self) -> int:

@@ -40,6 +40,7 @@ stay consistent); registers itself in ``index.searches`` so a checkpoint can wai
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from vectordb.batch_reads import BatchReads, buffer_bytes
 from vectordb.chunk_plan import locality_order, query_chunks
 from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
+from vectordb.gather import Answer, SearchGatherer
 from vectordb.metric import Metric, prepare, to_scores
 from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import PostingRead
@@ -72,6 +74,9 @@ _PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of r
 _FRONT_SHARE = 0.5  # of a batch's queries navigated on the loop thread (measured: 0.25-0.5 alike)
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
 _CHUNKS_IN_FLIGHT = 2  # chunks whose reads and scoring overlap (each holds a read buffer)
+# queries a batch may have to be searched in one piece on the loop thread: one read, scored
+# inline (a lone query's ~8 lists score in ~50 us; a thread hop and three more groups cost more)
+SMALL_BATCH_QUERIES = 16
 READ_BUFFER_BYTES = SPARE_LIMIT_BYTES - PAGE_BYTES  # one reusable buffer for a chunk's reads
 # the lists a chunk may read (their own pages); the rest of the buffer is room for the gaps
 # reads run through (batch_reads.BRIDGE_PAGES)
@@ -79,13 +84,28 @@ READ_BUDGET_BYTES = READ_BUFFER_BYTES * 3 // 4
 
 
 async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) -> SearchResult:
-    queries = _check_queries(queries, index.config.dim)
+    queries = prepare(index.metric, _check_queries(queries, index.config.dim))
     k = _check_k(k, index.versions.live_count)
+    if len(queries) <= SMALL_BATCH_QUERIES:  # concurrent small searches share batches
+        ids, dist, bad = await _gatherer(index).search(queries, k, params)
+    else:
+        ids, dist, bad = await run_batch(index, queries, k, params)
+    return SearchResult(ids, to_scores(index.metric, dist), bad)
+
+
+def _gatherer(index: SpannIndex) -> SearchGatherer:
+    if index.gatherer is None:
+        index.gatherer = SearchGatherer(functools.partial(run_batch, index))
+    return index.gatherer
+
+
+async def run_batch(index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams) -> Answer:
+    """(ids, internal distances, skipped lists) of prepared ``queries``, searched together."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
         with single_threaded_blas():
-            return await _search(index, prepare(index.metric, queries), int(k), params)
+            return await _search(index, queries, int(k), params)
     finally:
         index.searches.discard(done)
         done.set_result(None)
@@ -126,9 +146,7 @@ def _prune(metric: Metric, pids: np.ndarray, dist: np.ndarray, ratio: float) -> 
     return keep & (l2 <= ratio * np.maximum(reference, 1e-12))
 
 
-async def _search(
-    index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams
-) -> SearchResult:
+async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams) -> Answer:
     n_queries = len(queries)
     want = params.max_postings or default_postings(index.navigator.n_heads)
     extra = want if params.shared_postings is None else params.shared_postings
@@ -151,6 +169,12 @@ async def _search(
     out_dist = np.full((n_queries, k), np.inf, np.float32)
     budgets = (READ_BUDGET_BYTES // PAGE_BYTES, _CELL_BUDGET)
     chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
+    if len(chunks) == 1 and n_queries <= SMALL_BATCH_QUERIES and early is None:
+        ids, dist, bad = await _search_chunk(
+            index, queries[order], pids, keep, shared, k, params, inline=True
+        )
+        out_ids[order], out_dist[order] = ids, dist
+        return _finish(index, out_ids, out_dist, [bad])
     running: list[tuple[slice, asyncio.Future[_ChunkAnswer]]] = []
     skipped: list[np.ndarray] = []
     try:
@@ -183,11 +207,17 @@ async def _search(
             await early.finish()
         if running:  # a chunk failed: the others still own buffers the device writes into
             await asyncio.gather(*(task for _, task in running), return_exceptions=True)
-    index.counters["queries"] += n_queries
+    return _finish(index, out_ids, out_dist, skipped)
+
+
+def _finish(
+    index: SpannIndex, out_ids: np.ndarray, out_dist: np.ndarray, skipped: list[np.ndarray]
+) -> Answer:
+    index.counters["queries"] += len(out_ids)
     bad = np.unique(np.concatenate(skipped)) if skipped else np.zeros(0, np.int64)
     if len(bad):
         _note_corrupt_lists(index, bad)
-    return SearchResult(out_ids, to_scores(index.metric, out_dist), bad)
+    return out_ids, out_dist, bad
 
 
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
@@ -262,12 +292,15 @@ async def _search_chunk(
     params: SearchParams,
     reads: BatchReads | None = None,
     landed: asyncio.Event | None = None,
+    inline: bool = False,
 ) -> _ChunkAnswer:
     """Score one chunk of queries: each its ``keep`` lists, and its ``shared`` ones that the
     chunk reads for other queries. ``reads``: reads already started for some of its lists
     (taken over: the rest of the lists are added to them), else a new set. ``landed`` is set
-    once every read of the chunk has landed (or the chunk failed). Returns (ids, internal
-    distances, the lists skipped as corrupt)."""
+    once every read of the chunk has landed (or the chunk failed). ``inline``: a small
+    chunk, read in one group and scored on the loop thread (a hop to the scoring thread
+    costs more than its scoring). Returns (ids, internal distances, the lists skipped as
+    corrupt)."""
     unique = np.unique(pids[keep])
     keep = keep | (shared & np.isin(pids, unique))
     probe_query, probe_slot = np.nonzero(keep)
@@ -277,7 +310,7 @@ async def _search_chunk(
     loop = asyncio.get_running_loop()
     scoring: list[asyncio.Future[None]] = []
     try:
-        reads.start_missing(unique, _READ_GROUPS)
+        reads.start_missing(unique, 1 if inline else _READ_GROUPS)
         order = reads.pids  # the batch's list order: list_of indexes it
         sorter = np.argsort(order)
         list_of = sorter[np.searchsorted(order, probe_pid, sorter=sorter)]
@@ -290,8 +323,11 @@ async def _search_chunk(
             async for read, batch_first, first, stop in groups:
                 lists = read.views(first, stop)
                 ids_live = ProbeScores.live_mask(lists, index.versions)
-                job = (_score_group, read, scores, batch_first, first, lists, ids_live, params)
-                scoring.append(loop.run_in_executor(index.scorer, *job))  # type: ignore[arg-type,call-arg]
+                job = (read, scores, batch_first, first, lists, ids_live, params)
+                if inline:
+                    _score_group(*job)
+                else:
+                    scoring.append(loop.run_in_executor(index.scorer, _score_group, *job))
         if landed is not None:
             landed.set()
         outcomes = await asyncio.gather(*scoring, return_exceptions=True)
