@@ -22,6 +22,7 @@ from contextlib import aclosing
 import numpy as np
 
 from tiers.io import aligned_empty
+from vectordb.list_cache import ListCache
 from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import BRIDGE_BYTES, PostingRead
 from vectordb.posting_store import PostingStore
@@ -108,6 +109,18 @@ class BatchReads:
             async with aclosing(read.groups(verified=False)) as groups:
                 async for first, stop in groups:
                     yield read, offset + first, first, stop
+
+    async def offer_to(self, cache: ListCache, corrupt: np.ndarray) -> None:
+        """Offer the lists read from the device to ``cache``; only once they have been
+        checked, and not those of batch indexes ``corrupt``."""
+        for read, offset in zip(self.reads, self.offsets, strict=True):
+            fresh = ~read.cached & (read.page_counts > 0)
+            mine = corrupt[(corrupt >= offset) & (corrupt < offset + len(read.pids))]
+            fresh[mine - offset] = False
+            lists = np.flatnonzero(fresh)
+            if len(lists):
+                pids, counts = read.pids[lists], read.counts[lists]
+                await cache.admit(pids, read.file_pages[lists], counts, read.page_views(lists))
 
     async def finish(self) -> None:
         """Wait for every read (errors retrieved, not raised)."""

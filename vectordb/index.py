@@ -38,6 +38,7 @@ from vectordb import dot_kernel, head_scan
 from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import IndexClosedError, IndexConfigError
 from vectordb.gather import SearchGatherer
+from vectordb.memory_budget import MemoryBudget
 from vectordb.meta import MetaStore
 from vectordb.metric import Metric
 from vectordb.navigator import Navigator
@@ -74,6 +75,7 @@ class SpannIndex:
         # the heads must not change under them (rebalance awaits heads_quiet first)
         self.head_scans: set[asyncio.Future[Any]] = set()
         self.gatherer: SearchGatherer | None = None  # made by the first small search
+        self.memory = MemoryBudget(None)  # replaced by create/open with the caller's budget
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
         self.counters["corrupt_lists_skipped"] = 0  # list reads a search answered without
@@ -103,14 +105,20 @@ class SpannIndex:
         *,
         runtime: IORuntime | None = None,
         direct: bool = True,
+        memory_budget_bytes: int | None = None,
     ) -> SpannIndex:
-        """A new, empty index in ``directory`` (created if missing; must not hold an index)."""
+        """A new, empty index in ``directory`` (created if missing; must not hold an index).
+        ``memory_budget_bytes``: what the index may keep in memory (vectordb.memory_budget);
+        None: no cap, no list cache."""
         from vectordb.checkpoint import write_checkpoint
 
+        budget = _checked_budget(memory_budget_bytes)
         index = await cls._start(os.fspath(directory), config, runtime, direct, existing=False)
         try:
+            index.memory = MemoryBudget(budget)
             await index.wal.start_segment(0)
             await write_checkpoint(index)
+            await index.fit_memory()
         except BaseException:
             await index._release()
             raise
@@ -124,13 +132,18 @@ class SpannIndex:
         *,
         runtime: IORuntime | None = None,
         direct: bool = True,
+        memory_budget_bytes: int | None = None,
     ) -> SpannIndex:
-        """Reopen an index: load its checkpoint and replay its write-ahead log."""
+        """Reopen an index: load its checkpoint and replay its write-ahead log.
+        ``memory_budget_bytes``: as for :meth:`create`."""
         from vectordb.checkpoint import load_checkpoint
 
+        budget = _checked_budget(memory_budget_bytes)
         index = await cls._start(os.fspath(directory), None, runtime, direct, existing=True)
         try:
+            index.memory = MemoryBudget(budget)
             await load_checkpoint(index)
+            await index.fit_memory()
         except BaseException:
             await index._release()
             raise
@@ -191,8 +204,15 @@ class SpannIndex:
         finally:
             await self._release()
 
+    async def fit_memory(self) -> None:
+        """Split the memory budget again (after the heads changed: build, reopen, checkpoint)."""
+        from vectordb.search import READ_BUFFER_BYTES
+
+        await self.memory.apply(self, READ_BUFFER_BYTES)
+
     async def _release(self) -> None:
         self._closed = True
+        await self.memory.aclose()
         if not self.engine.closed:
             await self.wal.close()
             if self._file is not None:
@@ -224,6 +244,7 @@ class SpannIndex:
 
         self.check_open()
         await build(self, ids, vectors, progress=progress, batch_rows=batch_rows)
+        await self.fit_memory()
 
     async def build_from(
         self,
@@ -273,6 +294,7 @@ class SpannIndex:
 
         self.check_open()
         await checkpoint(self)
+        await self.fit_memory()
 
     async def verify(self) -> ScrubReport:
         """Read and check every posting list (updates wait meanwhile); see vectordb.scrub."""
@@ -296,11 +318,7 @@ class SpannIndex:
     def stats(self) -> dict[str, Any]:
         n_vectors = self.versions.live_count
         raw = n_vectors * self.config.raw_bytes_per_vector
-        resident = (
-            self.navigator.resident_bytes()
-            + self.versions.resident_bytes()
-            + sum(a.nbytes for a in self.store.snapshot().values())
-        )
+        resident = MemoryBudget.resident_bytes(self)
         return {
             "n_vectors": n_vectors,
             "n_heads": self.navigator.n_heads,
@@ -311,6 +329,7 @@ class SpannIndex:
             **self.counters,
             **self.store.stats(),
             "wal_bytes": self.wal.bytes_written,
+            **self.memory.stats(),
             "gathered_batches": self.gatherer.batches if self.gatherer else 0,
             "gathered_queries": self.gatherer.gathered_queries if self.gatherer else 0,
         }
@@ -318,6 +337,16 @@ class SpannIndex:
     def take_pid(self) -> int:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         return pid
+
+
+def _checked_budget(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise IndexConfigError(
+            f"expected None or an integer >= 0, got {value!r}", "memory_budget_bytes"
+        )
+    return int(value)
 
 
 def _warm_up(record_element: np.dtype[Any]) -> None:

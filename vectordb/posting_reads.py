@@ -30,6 +30,7 @@ import numpy as np
 
 from tiers.io import FileHandle, IOEngine, aligned_empty
 from vectordb.dot_kernel import VectorSpan
+from vectordb.list_cache import ListCache
 from vectordb.posting_format import PAGE_BYTES, pages_for, verify_many
 from vectordb.widen import widen_float16
 
@@ -102,12 +103,14 @@ class PostingRead:
         n_groups: int = 1,
         allocate: Callable[[int], np.ndarray] = aligned_empty,
         bridge_pages: int = 0,
+        cache: ListCache | None = None,
     ) -> None:
         self.pids = np.asarray(pids, np.int64)
         self.dtype = dtype
         self.counts = count[self.pids].astype(np.int64)
         pages = pages_for(self.counts, dtype.itemsize)
         file_pages = start[self.pids]
+        self.file_pages = file_pages  # the snapshot: where each list was read from
         gap, first_page, self.pages_read = bridged_layout(file_pages, pages, bridge_pages)
         self.byte_offsets = first_page * PAGE_BYTES
         # a spare page at the end: verify_many reads one word past the last record
@@ -120,22 +123,68 @@ class PostingRead:
         lengths = (gap + pages) * PAGE_BYTES
         buffer_offsets = (first_page - gap) * PAGE_BYTES
         self._tasks: list[asyncio.Future[Any]] = []
-        self.lists_read = int((pages > 0).sum())
+        self.page_counts = pages
+        # lists with a copy in the cache are copied, not read (the copy is checked like a read)
+        self.cached = np.zeros(len(self.pids), bool)
+        if cache is not None and len(self.pids):
+            self.cached = cache.lookup(self.pids, file_pages, self.counts) & (pages > 0)
+        from_disk = (pages > 0) & ~self.cached
+        after_cached = np.concatenate([[False], self.cached[:-1]])
+        if after_cached.any():  # the gap before a list is read only to join the one before
+            skip = np.where(after_cached, gap, 0) * PAGE_BYTES
+            file_offsets, lengths, buffer_offsets = (
+                file_offsets + skip, lengths - skip, buffer_offsets + skip
+            )  # fmt: skip
+        self.disk_pages = 0  # pages read from the device (gaps included, cached lists not)
+        self.lists_read = int(from_disk.sum())
         self.requests = 0  # I/O requests submitted (lists back to back in the file share one)
+        copying = None
+        if cache is not None and self.cached.any():
+            copying = asyncio.ensure_future(self._copy_cached(cache, engine, file, file_pages))
         for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
-            has = pages[first:stop] > 0
-            if not has.any():
+            has = from_disk[first:stop]
+            waits = copying is not None and self.cached[first:stop].any()
+            if not has.any() and not waits:
                 continue
-            requests = coalesce(
-                file_offsets[first:stop][has],
-                lengths[first:stop][has],
-                buffer_offsets[first:stop][has],
-            )
-            self.requests += len(requests[0])
-            read = engine.read_batch(file, self.buffer, *requests)
-            task = asyncio.ensure_future(read)
+            read: Any = None
+            if has.any():
+                requests = coalesce(
+                    file_offsets[first:stop][has],
+                    lengths[first:stop][has],
+                    buffer_offsets[first:stop][has],
+                )
+                self.requests += len(requests[0])
+                self.disk_pages += int(requests[1].sum()) // PAGE_BYTES
+                read = engine.read_batch(file, self.buffer, *requests)
+            task = asyncio.ensure_future(_landed(read, copying if waits else None))
             task.group = (first, stop)  # type: ignore[attr-defined]
             self._tasks.append(task)
+        if copying is not None:
+            self._tasks.append(copying)  # finish() waits for it too; groups() never yields it
+            copying.group = None  # type: ignore[attr-defined]
+
+    def page_views(self, lists: np.ndarray) -> list[np.ndarray]:
+        """The whole pages of each of ``lists`` (indexes into this read) in the buffer."""
+        offsets = self.byte_offsets[lists].tolist()
+        sizes = (self.page_counts[lists] * PAGE_BYTES).tolist()
+        return [self.buffer[o : o + n] for o, n in zip(offsets, sizes, strict=True)]
+
+    async def _copy_cached(
+        self, cache: ListCache, engine: IOEngine, file: FileHandle, file_pages: np.ndarray
+    ) -> None:
+        """Copy the cached lists into place; read those evicted since their lookup."""
+        lists = np.flatnonzero(self.cached)
+        copied = await cache.copy_into(self.pids[lists], self.page_views(lists))
+        missed = lists[~copied]
+        if len(missed):
+            self.cached[missed] = False
+            await engine.read_batch(
+                file,
+                self.buffer,
+                file_pages[missed] * PAGE_BYTES,
+                self.page_counts[missed] * PAGE_BYTES,
+                self.byte_offsets[missed],
+            )
 
     def views(self, first: int, stop: int) -> list[np.ndarray]:
         """Records of lists ``first`` .. ``stop - 1`` (after their group landed), one view per
@@ -202,11 +251,12 @@ class PostingRead:
         whose lists are all empty comes first), verified unless ``verified=False`` (then the
         caller must :meth:`verify` a range before it trusts a record). Raises the first I/O
         error; the other reads are still awaited (their buffer is ours)."""
-        submitted = {task.group for task in self._tasks}  # type: ignore[attr-defined]
+        groups = [t for t in self._tasks if t.group is not None]  # type: ignore[attr-defined]
+        submitted = {task.group for task in groups}  # type: ignore[attr-defined]
         for first, stop in zip(self.edges[:-1].tolist(), self.edges[1:].tolist(), strict=True):
             if (first, stop) not in submitted:
                 yield first, stop  # nothing to read
-        pending = set(self._tasks)
+        pending = set(groups)
         try:
             while pending:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -222,3 +272,11 @@ class PostingRead:
                 for task in pending:
                     if not task.cancelled():
                         task.exception()
+
+
+async def _landed(read: Any, copying: asyncio.Future[None] | None) -> None:
+    """A group has landed when its read and the copy of its cached lists are done."""
+    if read is not None:
+        await read
+    if copying is not None:
+        await asyncio.shield(copying)  # shared by every group: one group's cancel is not all's

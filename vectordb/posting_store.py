@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tiers.io import FileHandle, IOEngine, aligned_empty
+from vectordb.list_cache import ListCache
 from vectordb.page_space import PageSpace
 from vectordb.posting_format import PAGE_BYTES, encode, pages_for, record_dtype
 from vectordb.posting_reads import PostingRead, bridged_layout
@@ -78,6 +79,8 @@ class PostingStore:
             "pages_written": 0,
         }
         self._spares: list[np.ndarray] = []  # searches' read buffers, kept for the next ones
+        self.spare_limit_bytes = SPARE_LIMIT_BYTES  # the memory budget may lower it (index)
+        self.cache: ListCache | None = None  # hot lists in DRAM (index: memory budget)
 
     # ----------------------------------------------------------------- directory
     def restore(self, start: np.ndarray, capacity: np.ndarray, count: np.ndarray) -> None:
@@ -107,9 +110,14 @@ class PostingStore:
 
     def drop(self, pid: int) -> None:
         """Forget a list; its run is reused after the next checkpoint."""
+        self._changed(pid)
         if pid < len(self.capacity) and self.capacity[pid]:
             self.space.free_later(int(self.start[pid]), int(self._pages(self.capacity[pid])))
             self.capacity[pid] = self.count[pid] = 0
+
+    def _changed(self, pids: Any) -> None:
+        if self.cache is not None:  # before the new bytes can be read: no stale copy is used
+            self.cache.note_changed(pids)
 
     # ----------------------------------------------------------------- reads
     def read_pages(self, pids: np.ndarray, bridge_pages: int = 0) -> int:
@@ -139,12 +147,13 @@ class PostingStore:
             n_groups,
             allocate,
             bridge_pages,
+            self.cache,
         )
         c = self.counters
         c["posting_reads"] += read.lists_read
         c["read_requests"] += read.requests
-        c["pages_read"] += read.pages_read
-        c["bytes_read"] += read.pages_read * PAGE_BYTES
+        c["pages_read"] += read.disk_pages
+        c["bytes_read"] += read.disk_pages * PAGE_BYTES
         return read
 
     def take_buffer(self, size_bytes: int) -> np.ndarray:
@@ -159,14 +168,14 @@ class PostingStore:
         # new memory is slow to touch the first time (page faults; in a VM, the host backing
         # it): round up, so a slightly larger next batch still fits, but not past what is kept
         rounded = -(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES
-        if size_bytes <= SPARE_LIMIT_BYTES:
-            rounded = min(rounded, SPARE_LIMIT_BYTES)
+        if size_bytes <= self.spare_limit_bytes:
+            rounded = min(rounded, self.spare_limit_bytes)
         return aligned_empty(rounded)
 
     def recycle(self, buffer: np.ndarray) -> None:
         """Keep a pooled read's buffer for a later one: at most ``SPARE_COUNT`` spares of at
-        most ``SPARE_LIMIT_BYTES`` each, the larger ones kept."""
-        if len(buffer) > SPARE_LIMIT_BYTES:
+        most ``spare_limit_bytes`` each, the larger ones kept."""
+        if len(buffer) > self.spare_limit_bytes:
             return
         self._spares.append(buffer)
         if len(self._spares) > SPARE_COUNT:
@@ -253,6 +262,7 @@ class PostingStore:
 
     async def _append_in_place(self, items: list[PostingItem]) -> None:
         pids = np.array([i.pid for i in items], np.int64)
+        self._changed(pids)
         old_bytes = self.count[pids].astype(np.int64) * self.rec_bytes
         new_bytes = old_bytes + np.array([len(i.ids) for i in items]) * self.rec_bytes
         first_page = old_bytes // PAGE_BYTES

@@ -167,7 +167,7 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
     pids, keep, shared = pids[order], keep[order], shared[order]
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
-    budgets = (READ_BUDGET_BYTES // PAGE_BYTES, _CELL_BUDGET)
+    budgets = (_read_budget_bytes(index) // PAGE_BYTES, _CELL_BUDGET)
     chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
     if len(chunks) == 1 and n_queries <= SMALL_BATCH_QUERIES and early is None:
         ids, dist, bad = await _search_chunk(
@@ -220,6 +220,16 @@ def _finish(
     return out_ids, out_dist, bad
 
 
+def _read_buffer_bytes(index: SpannIndex) -> int:
+    """One chunk's read buffer: the default, or what the memory budget gives it."""
+    return min(READ_BUFFER_BYTES, index.memory.read_buffer_bytes or READ_BUFFER_BYTES)
+
+
+def _read_budget_bytes(index: SpannIndex) -> int:
+    """The lists one chunk may read; the rest of its buffer is room for gaps read through."""
+    return min(READ_BUDGET_BYTES, _read_buffer_bytes(index) * 3 // 4)
+
+
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
     """The navigator's answer; a large batch is split between the loop thread and the scoring
     thread. The loop thread waits without yielding, so no update can change the heads
@@ -249,7 +259,7 @@ async def _navigate_reading(
     back = asyncio.wrap_future(index.scorer.submit(search_heads, queries[half:], want + extra))
     navigating = asyncio.get_running_loop().create_future()
     index.head_scans.add(navigating)
-    reads = BatchReads(index.store, READ_BUFFER_BYTES)
+    reads = BatchReads(index.store, _read_buffer_bytes(index))
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     early_queries = 0
     try:
@@ -341,8 +351,11 @@ async def _search_chunk(
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
+    corrupt_rows = np.asarray(scores.corrupt, np.int64)
+    if index.store.cache is not None:  # lists read (and checked by scoring) may be kept
+        await reads.offer_to(index.store.cache, corrupt_rows)
     reads.release()  # every read and every view of it is done with
-    corrupt = order[np.asarray(scores.corrupt, np.int64)]
+    corrupt = order[corrupt_rows]
     live = scores.live_counts
     live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
     _note_small_lists(index, order, live)

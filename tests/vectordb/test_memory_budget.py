@@ -1,0 +1,111 @@
+"""An index under a memory budget: the budget is checked and reported, what it leaves caches
+lists, a cached list answers exactly as a read one, updates never let a stale copy answer,
+and a damaged copy is caught like a damaged read. Real io_uring and LMDB."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.vectordb.helpers import brute_force, clustered, recall
+from tiers import CorruptionError
+from vectordb import IndexConfig, IndexConfigError, SearchParams, SpannIndex
+from vectordb.metric import Metric
+
+DIM = 16
+AMPLE = 64 << 20
+
+
+async def _built(path: Path, vectors: np.ndarray, budget: int | None) -> SpannIndex:
+    index = await SpannIndex.create(path, IndexConfig(dim=DIM), memory_budget_bytes=budget)
+    await index.build(None, vectors)
+    return index
+
+
+def test_cached_lists_answer_exactly_as_read_ones_and_save_reads(tmp_path: Path) -> None:
+    vectors = clustered(3000, DIM, seed=61)
+    queries = clustered(40, DIM, seed=62)
+
+    async def main() -> None:
+        async with await _built(tmp_path / "plain", vectors, None) as plain:
+            expect = [await plain.search(q, 10) for q in queries]
+            assert plain.stats()["list_cache_capacity_bytes"] == 0
+        async with await SpannIndex.open(tmp_path / "plain", memory_budget_bytes=AMPLE) as index:
+            for _ in range(2):  # the first pass fills the cache, the second hits it
+                before = index.stats()["bytes_read"]
+                got = [await index.search(q, 10) for q in queries]
+                for g, e in zip(got, expect, strict=True):
+                    np.testing.assert_array_equal(g.ids, e.ids)
+                    np.testing.assert_allclose(g.scores, e.scores, rtol=1e-6)
+            stats = index.stats()
+        assert stats["bytes_read"] == before  # every list of the second pass was cached
+        assert stats["list_cache_hits"] >= stats["list_cache_misses"]
+        assert 0 < stats["list_cache_bytes"] <= stats["list_cache_capacity_bytes"]
+        assert stats["memory_budget_bytes"] == AMPLE and not stats["memory_over_budget"]
+
+    asyncio.run(main())
+
+
+def test_updates_never_answer_from_a_stale_copy(tmp_path: Path) -> None:
+    vectors = clustered(2000, DIM, seed=63)
+    extra = clustered(400, DIM, seed=64)
+    queries = extra[::8] + 0.01  # queries right on the new vectors
+
+    async def main() -> tuple[np.ndarray, np.ndarray]:
+        async with await _built(tmp_path / "i", vectors, AMPLE) as index:
+            for q in queries:  # the lists the new vectors land in are now cached
+                await index.search(q, 10)
+            await index.insert(np.arange(2000, 2400), extra)
+            await index.delete(np.arange(0, 2000, 3))
+            found = np.concatenate([(await index.search(q, 10)).ids for q in queries])
+            assert index.stats()["list_cache_hits"] > 0
+        return found, np.arange(2000, 2400)[::8]
+
+    found, inserted = asyncio.run(main())
+    assert (found[:, 0] == inserted).mean() >= 0.95  # the new vectors are seen at once
+    assert not np.isin(found, np.arange(0, 2000, 3)).any()  # the deleted ones are gone
+
+
+def test_a_damaged_cached_copy_is_caught_like_a_damaged_read(tmp_path: Path) -> None:
+    vectors = clustered(2000, DIM, seed=65)
+    query = vectors[7] + 0.01
+
+    async def main() -> None:
+        async with await _built(tmp_path / "i", vectors, AMPLE) as index:
+            await index.search(query, 10)
+            cache = index.memory.cache
+            arena = cache._tier._arena  # type: ignore[union-attr]
+            arena[:] ^= 0x5A  # every cached byte damaged in memory
+            result = await index.search(query, 10)
+            assert result.degraded  # not a silent wrong answer
+            with pytest.raises(CorruptionError):
+                await index.search(query, 10, SearchParams(strict=True))
+
+    asyncio.run(main())
+
+
+def test_a_tight_budget_still_answers_well_and_says_when_it_is_too_small(tmp_path: Path) -> None:
+    vectors = clustered(3000, DIM, seed=66)
+    queries = clustered(200, DIM, seed=67)
+    truth, _ = brute_force(Metric.L2, np.arange(3000), vectors, queries, 10)
+
+    async def main() -> None:
+        async with await _built(tmp_path / "i", vectors, 1) as index:
+            ids, _ = await index.search(queries, 10)
+            stats = index.stats()
+        assert stats["memory_over_budget"] and stats["list_cache_capacity_bytes"] == 0
+        assert recall(ids, truth) >= 0.85
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1GB", True])
+def test_a_bad_budget_is_refused(tmp_path: Path, bad: object) -> None:
+    async def main() -> None:
+        with pytest.raises(IndexConfigError, match="memory_budget_bytes"):
+            await SpannIndex.create(tmp_path / "i", IndexConfig(dim=DIM), memory_budget_bytes=bad)  # type: ignore[arg-type]
+
+    asyncio.run(main())
