@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tiers.io.buffers import aligned_empty
 from tiers.io.errors import CorruptionError
+from tiers.nvme import format as format_module
 from tiers.nvme.format import (
     FORMAT_VERSION,
     HEADER_BYTES,
@@ -121,3 +122,16 @@ def test_an_unknown_format_version_is_refused() -> None:
     record[60:64] = np.frombuffer(struct.pack("<I", zlib.crc32(bytes(header))), np.uint8)
     with pytest.raises(CorruptionError, match="format version"):
         _check(record, 1, crc)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 16383, 16384, 65536 + 7, 3 << 20])
+def test_payload_crc32_is_zlibs_whichever_code_sums_it(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libdeflate (where installed) and zlib give the same CRC-32, at any offset and size."""
+    data = np.random.default_rng(size).integers(0, 256, size + 3, dtype=np.uint8)[3:]
+    want = zlib.crc32(data.tobytes())
+    assert format_module.payload_crc32(data) == want
+    assert format_module.payload_crc32(data.tobytes()) == want
+    monkeypatch.setattr(format_module, "_FAST_CRC32", None)
+    assert format_module.payload_crc32(data) == want
