@@ -42,7 +42,10 @@ class ListCache:
             else None
         )
         self._policy = POLICIES[policy]()
-        self._tags: dict[int, tuple[int, int]] = {}  # pid -> (start page, records) of the copy
+        # pid -> (start page, records) of its copy; start -1: none (arrays: one lookup per read)
+        self._tag_start = np.full(0, -1, np.int64)
+        self._tag_count = np.zeros(0, np.int64)
+        self._lists = 0
         self._stale: list[str] = []  # keys whose lists changed, still in the tier
         self._wanted = np.zeros(0, np.uint16)  # pid -> how often a search needed it (decaying)
         self._wanted_events = 0
@@ -57,14 +60,12 @@ class ListCache:
         the need of every list for admission."""
         self._note_wanted(pids)
         hit = np.zeros(len(pids), bool)
-        if self._tier is None or not self._tags:
+        if self._tier is None or not self._lists:
             self.misses += len(pids)
             return hit
-        tags = self._tags
-        for i, (pid, first, n) in enumerate(
-            zip(pids.tolist(), start.tolist(), count.tolist(), strict=True)
-        ):
-            hit[i] = tags.get(pid) == (first, n)
+        inside = pids < len(self._tag_start)
+        at = np.where(inside, pids, 0)
+        hit = inside & (self._tag_start[at] == start) & (self._tag_count[at] == count)
         n_hit = int(hit.sum())
         self.hits += n_hit
         self.misses += len(pids) - n_hit
@@ -95,7 +96,7 @@ class ListCache:
             pids.tolist(), start.tolist(), count.tolist(), views, strict=True
         ):
             size = len(view)
-            if size == 0 or size > self.capacity_bytes or pid in self._tags:
+            if size == 0 or size > self.capacity_bytes or self._has(pid):
                 continue
             if size > tier.free_bytes and not await self._make_room(size, int(self._wanted[pid])):
                 self.refused += 1
@@ -103,21 +104,21 @@ class ListCache:
             key = str(pid)
             await tier.put(key, view)
             self._policy.admit(key, size, 0.0)
-            self._tags[pid] = (first, n)
+            self._set_tag(pid, first, n)
             self.admitted += 1
 
     def note_changed(self, pids: Any) -> None:
         """Lists rewritten, appended to or removed: their copies are no longer used (their
         memory is freed by the next admission)."""
         for pid in np.atleast_1d(np.asarray(pids, np.int64)).tolist():
-            if self._tags.pop(pid, None) is not None:
+            if self._pop_tag(pid):
                 self._stale.append(str(pid))
 
     async def _purge(self) -> None:
         assert self._tier is not None
         stale, self._stale = self._stale, []
         for key in stale:
-            if int(key) not in self._tags:  # not admitted again meanwhile
+            if not self._has(int(key)):  # not admitted again meanwhile
                 self._policy.forget(key)
                 await self._tier.delete(key)
 
@@ -139,9 +140,31 @@ class ListCache:
             return False
         for key in chosen:
             self._policy.forget(key)
-            self._tags.pop(int(key), None)
+            self._pop_tag(int(key))
             await tier.delete(key)
         return tier.free_bytes >= size_bytes
+
+    def _has(self, pid: int) -> bool:
+        return pid < len(self._tag_start) and self._tag_start[pid] >= 0
+
+    def _set_tag(self, pid: int, start: int, count: int) -> None:
+        if pid >= len(self._tag_start):
+            size = max(pid + 1, 2 * len(self._tag_start), 64)
+            self._tag_start = np.concatenate(
+                [self._tag_start, np.full(size - len(self._tag_start), -1, np.int64)]
+            )
+            self._tag_count = np.concatenate(
+                [self._tag_count, np.zeros(size - len(self._tag_count), np.int64)]
+            )
+        self._lists += not self._has(pid)
+        self._tag_start[pid], self._tag_count[pid] = start, count
+
+    def _pop_tag(self, pid: int) -> bool:
+        if not self._has(pid):
+            return False
+        self._tag_start[pid] = -1
+        self._lists -= 1
+        return True
 
     def _note_wanted(self, pids: np.ndarray) -> None:
         if len(pids) == 0:
@@ -162,7 +185,7 @@ class ListCache:
         return {
             "list_cache_capacity_bytes": self.capacity_bytes,
             "list_cache_bytes": self.used_bytes,
-            "list_cache_lists": len(self._tags),
+            "list_cache_lists": self._lists,
             "list_cache_hits": self.hits,
             "list_cache_misses": self.misses,
             "list_cache_hit_rate": self.hits / looked if looked else 0.0,
@@ -173,4 +196,5 @@ class ListCache:
     async def aclose(self) -> None:
         if self._tier is not None:
             await self._tier.aclose()
-        self._tags.clear()
+        self._tag_start[:] = -1
+        self._lists = 0

@@ -115,9 +115,11 @@ class PostingRead:
         self.byte_offsets = first_page * PAGE_BYTES
         # a spare page at the end: verify_many reads one word past the last record
         self.buffer = allocate((self.pages_read + 1) * PAGE_BYTES)
-        targets = np.linspace(0, self.pages_read, max(1, n_groups) + 1)[1:-1]
-        cuts = np.searchsorted(first_page + pages, targets, side="left") + 1
-        self.edges = np.unique(np.concatenate([[0], cuts, [len(self.pids)]]))
+        self.edges = np.array([0, len(self.pids)], np.int64)
+        if n_groups > 1:
+            targets = np.linspace(0, self.pages_read, n_groups + 1)[1:-1]
+            cuts = np.searchsorted(first_page + pages, targets, side="left") + 1
+            self.edges = np.unique(np.concatenate([[0], cuts, [len(self.pids)]]))
         # each list's request starts with the gap before it, so it follows the previous one
         file_offsets = (file_pages - gap) * PAGE_BYTES
         lengths = (gap + pages) * PAGE_BYTES

@@ -168,7 +168,9 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
     budgets = (_read_budget_bytes(index) // PAGE_BYTES, _CELL_BUDGET)
-    chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
+    chunks = [slice(0, 1)]  # a lone query is one chunk, whatever its lists' size
+    if n_queries > 1:
+        chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
     if len(chunks) == 1 and n_queries <= SMALL_BATCH_QUERIES and early is None:
         ids, dist, bad = await _search_chunk(
             index, queries[order], pids, keep, shared, k, params, inline=True
@@ -312,7 +314,8 @@ async def _search_chunk(
     costs more than its scoring). Returns (ids, internal distances, the lists skipped as
     corrupt)."""
     unique = np.unique(pids[keep])
-    keep = keep | (shared & np.isin(pids, unique))
+    if shared.any():
+        keep = keep | (shared & np.isin(pids, unique))
     probe_query, probe_slot = np.nonzero(keep)
     probe_pid = pids[probe_query, probe_slot]
     if reads is None:
