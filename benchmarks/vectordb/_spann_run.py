@@ -219,8 +219,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--datasets", help="comma-separated, e.g. debian-minilm,gmm-500000")
     parser.add_argument("--rounds", type=int)
     parser.add_argument(
-        "--skip", default="", help="comma-separated: diskann, update, fp16, u8, hnsw"
+        "--skip", default="", help="comma-separated: diskann, update, fp16, u8, hnsw, budget"
     )
+    parser.add_argument("--budget-only", action="store_true", help="only the memory-budget part")
     parser.add_argument(
         "--variant",
         default="",
@@ -261,6 +262,9 @@ def run(argv: list[str] | None = None) -> None:
                 notes.append(f"{name}: data absent, skipped")
                 continue
             log(f"=== {name}: {ds.base.shape[0]:,} x {ds.base.shape[1]}, {len(ds.queries)} queries")
+            if args.budget_only:
+                headline.update(_budget(runner, ds, args, notes))
+                continue
             points, builds, extra = run_dataset(runner, ds, plan, args.out, args.quick, skip, notes)
             print(curve_table(name, ds.raw_bytes, points) + "\n")
             print(summary_table(name, points, builds) + "\n")
@@ -283,6 +287,8 @@ def run(argv: list[str] | None = None) -> None:
                     headline["min_recall_during_updates"] = round(upd.min_recall, 4)
                 print("\n".join(verdicts(summary(points), headline["resident_fraction"], upd)))
                 print()
+                if "budget" not in skip:
+                    headline.update(_budget(runner, ds, args, notes))
             else:  # the QPS and memory targets on the other sets too
                 fraction = extra["ours_stats"]["resident_fraction"]
                 print(f"#### {name}: targets\n")
@@ -292,6 +298,16 @@ def run(argv: list[str] | None = None) -> None:
     headline["notes"] = notes
     headline["elapsed_s"] = round(time.time() - started, 1)
     print(json.dumps(headline))
+
+
+def _budget(
+    runner: asyncio.Runner, ds: Dataset, args: argparse.Namespace, notes: list[str]
+) -> dict[str, Any]:
+    """The memory-budget part (issue 14): each system in its own process under a cgroup."""
+    from benchmarks.vectordb import _budget
+
+    plan = _budget.SMOKE if args.smoke else _budget.QUICK if args.quick else _budget.FULL
+    return _budget.budget_part(runner, ds, args.out / "vectordb", plan, notes)
 
 
 def _headline(name: str, points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:

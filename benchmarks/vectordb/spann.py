@@ -1,4 +1,4 @@
-"""Benchmark the disk-resident SPANN index (vectordb, issue 4) against faiss and DiskANN.
+r"""Benchmark the disk-resident SPANN index (vectordb, issue 4) against faiss and DiskANN.
 
 For each dataset (debian-minilm; fashion-mnist; a 2M-vector Gaussian mixture fitted to
 debian-minilm -- see _data.py) and each system, a sweep of the system's recall knob:
@@ -37,6 +37,23 @@ OnDisk 410 s). The recorded runs passed ``--datasets`` one set at a time (RESULT
     flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.spann
 
 ``--datasets debian-minilm,gmm-500000`` picks datasets, ``--skip diskann,update`` drops parts.
+
+Memory budgets (issue 14; _budget.py), on the headline set after the update phase: every system
+in a process of its own (``-m benchmarks.vectordb._budget_worker``) inside a memory cgroup (v1
+``memory.limit_in_bytes``, which counts page cache; v2 ``memory.max``), made as a child of the
+cgroup this process is in and removed after. Limits, the same for every system: tight = 15% of
+the raw vectors + baseline, ample = 2x raw + baseline, where baseline is what a worker is
+charged after importing numpy/faiss/vectordb/torch (largest of one probe per system). Ours opens
+with ``memory_budget_bytes`` = limit - baseline. Systems: ours and faiss IVF OnDisk at both
+budgets, faiss IVF-Flat and HNSW32 in RAM at ample. Modes: one batch, one query per call, 8
+and 64 concurrent callers; every pass cold (index reopened, page cache dropped; opening
+untimed). Figures: QPS at recall@10 0.9 / 0.95, p50/p99 latency, peak RSS and cgroup peak.
+faiss_plain.py (read_index + search only) runs at the tight limit as a check on the harness.
+Without writable cgroups it runs uncapped and says so; ``--smoke`` always runs uncapped.
+``--skip budget`` drops it; ``--budget-only`` runs nothing else (quick: ~2-3 minutes)::
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.spann \
+        --quick --budget-only
 """
 
 from __future__ import annotations

@@ -85,6 +85,11 @@ VECTORDB_SPANN = Smoke(
         | {"pages_per_query", "pages_per_query_batched", "qps_at_recall_0_9"}
         | {"insert_vectors_per_s", "recall_after_updates", "min_recall_during_updates"}
         | {"notes", "elapsed_s"}
+        # the memory-budget part (issue 14): every system in its own process
+        | {"single_qps_vs_faiss_ondisk", "single_p50_ms", "conc8_qps_vs_faiss_ondisk"}
+        | {"batch_qps_vs_faiss_ondisk", "ample_single_qps_vs_faiss_ondisk"}
+        | {"ample_batch_qps_vs_faiss_ivf_ram", "recall_at_10_single", "rss_mib", "faiss_plain"}
+        | {"budget_mib", "budget_capped", "qps_at_recall_budget", "cgroup_peak_mib"}
     ),
 )
 VECTORDB_PLACEMENT = Smoke(
@@ -162,6 +167,12 @@ def test_vectordb_spann(tmp_path: Path) -> None:
     )
     assert 0 < figures["resident_fraction"] < 1
     assert (tmp_path / "vectordb_spann_smoke-4000.png").exists()
+    # the budget part ran every worker (smoke: uncapped) and the plain faiss script
+    assert {"ours", "faiss_ondisk"} <= set(figures["rss_mib"]["tight"])
+    assert {"ours", "faiss_ondisk", "faiss_ivf"} <= set(figures["rss_mib"]["ample"])
+    assert figures["single_qps_vs_faiss_ondisk"] is not None, figures["notes"]
+    assert 0 < figures["recall_at_10_single"] <= 1
+    assert figures["faiss_plain"]["plain_batch_qps"] > 0
 
 
 def test_vectordb_placement(tmp_path: Path) -> None:

@@ -1,0 +1,192 @@
+"""Tables, verdicts and JSON keys of the memory-budget part (_budget.py).
+
+QPS at recall@10 0.9 and 0.95 per budget, mode and system: ``qps_at_recall`` over the
+system's sweep (log-QPS interpolated between the settings that straddle the target). p50/p99
+latency "at" a target are those of the cheapest setting that reaches it (latency percentiles
+do not interpolate meaningfully). Peak RSS is the worker's ``ru_maxrss`` (it counts the shared
+libraries' mapped pages, so it sits well above the cgroup's charge); the cgroup's peak is what
+the limit holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.vectordb._common import Point, qps_at_recall
+
+TARGETS = (0.9, 0.95)
+MODES = ("batch", "single", "conc8", "conc64")
+# key: (budget, mode, peer, the target ratio of ours / peer; None: reported only)
+RATIOS: dict[str, tuple[str, str, str, float | None]] = {
+    "single_qps_vs_faiss_ondisk": ("tight", "single", "faiss_ondisk", 1.5),
+    "conc8_qps_vs_faiss_ondisk": ("tight", "conc8", "faiss_ondisk", 2.0),
+    "batch_qps_vs_faiss_ondisk": ("tight", "batch", "faiss_ondisk", 2.0),
+    "ample_single_qps_vs_faiss_ondisk": ("ample", "single", "faiss_ondisk", 1.0),
+    "ample_batch_qps_vs_faiss_ivf_ram": ("ample", "batch", "faiss_ivf", None),
+}
+_MIB = 2**20
+
+
+@dataclass
+class BudgetRun:
+    """What the budget part measured: limits, and per budget and system the worker's reply."""
+
+    raw_bytes: int
+    baseline_bytes: int
+    limits: dict[str, int]
+    capped: bool
+    results: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    plain: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _passes(run: BudgetRun, budget: str, system: str, mode: str) -> list[dict[str, Any]]:
+    return [p for p in run.results[budget][system].get("passes", []) if p["mode"] == mode]
+
+
+def _points(run: BudgetRun, budget: str, system: str, mode: str) -> list[Point]:
+    out = []
+    for p in _passes(run, budget, system, mode):
+        point = Point(system, "", p["value"], float("nan"), p["queries"])
+        point.add_round(p["queries"] / p["qps"], p["recall"], {})
+        out.append(point)
+    return out
+
+
+def qps_at(run: BudgetRun, budget: str, system: str, mode: str, target: float) -> float | None:
+    if system not in run.results.get(budget, {}):
+        return None
+    return qps_at_recall(_points(run, budget, system, mode), target)
+
+
+def _reaching(run: BudgetRun, budget: str, system: str, mode: str, target: float) -> dict | None:
+    """The pass of the smallest knob value whose recall reaches ``target``."""
+    passes = sorted(_passes(run, budget, system, mode), key=lambda p: p["value"])
+    return next((p for p in passes if p["recall"] >= target), None)
+
+
+def _num(value: float | None, fmt: str = ",.0f") -> str:
+    return "n/a" if value is None else f"{value:{fmt}}"
+
+
+def _mib(value: float | None) -> float | None:
+    return None if value is None else round(value / _MIB, 1)
+
+
+def passes_table(run: BudgetRun, budget: str) -> str:
+    lines = [
+        f"### memory budget {budget} ({run.limits[budget] / _MIB:.1f} MiB): every pass",
+        "",
+        "| system | mode | knob | recall@10 | QPS | p50 ms | p99 ms | RSS after MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for system, reply in run.results[budget].items():
+        knob = reply.get("knob", "?")
+        for p in reply.get("passes", []):
+            lines.append(
+                f"| {system} | {p['mode']} | {knob}={p['value']} | {p['recall']:.4f} "
+                f"| {p['qps']:,.0f} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} "
+                f"| {p['rss_bytes'] / _MIB:.0f} |"
+            )
+        if "failed" in reply:
+            lines.append(f"| {system} | - | - | - | {reply['failed']} | - | - | - |")
+    return "\n".join(lines)
+
+
+def summary_table(run: BudgetRun, budget: str) -> str:
+    lines = [
+        f"### memory budget {budget}: QPS at recall@10 0.9 / 0.95",
+        "",
+        "| system | mode | QPS @0.9 | QPS @0.95 | p50/p99 ms @0.9 | peak RSS MiB "
+        "| cgroup peak MiB | limit hits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for system, reply in run.results[budget].items():
+        for mode in MODES:
+            low, high = (qps_at(run, budget, system, mode, t) for t in TARGETS)
+            first = _reaching(run, budget, system, mode, TARGETS[0])
+            latency = f"{first['p50_ms']:.2f}/{first['p99_ms']:.2f}" if first else "n/a"
+            lines.append(
+                f"| {system} | {mode} | {_num(low)} | {_num(high)} | {latency} "
+                f"| {_num(_mib(reply.get('peak_rss_bytes')), '.0f')} "
+                f"| {_num(_mib(reply.get('cgroup_peak_bytes')), '.1f')} "
+                f"| {reply.get('limit_hits', 'n/a')} |"
+            )
+    return "\n".join(lines)
+
+
+def _ratio(run: BudgetRun, budget: str, mode: str, peer: str, target: float) -> float | None:
+    ours, other = (qps_at(run, budget, s, mode, target) for s in ("ours", peer))
+    return round(ours / other, 3) if ours and other else None
+
+
+def headline(run: BudgetRun) -> dict[str, Any]:
+    """The JSON keys issue 14 asks for (ratios at recall 0.9; the 0.95 ones beside)."""
+    out: dict[str, Any] = {k: _ratio(run, b, m, p, 0.9) for k, (b, m, p, _) in RATIOS.items()}
+    out["ratios_at_recall_0_95"] = {
+        k: _ratio(run, b, m, p, 0.95) for k, (b, m, p, _) in RATIOS.items()
+    }
+    ours = run.results["tight"].get("ours", {})
+    default = next(
+        (p for p in ours.get("passes", []) if p["mode"] == "single"
+         and p["value"] == ours.get("default_value")), None,
+    )  # fmt: skip
+    out["single_p50_ms"] = default["p50_ms"] if default else None
+    out["recall_at_10_single"] = default["recall"] if default else None
+    out["rss_mib"] = {
+        b: {s: _mib(r.get("peak_rss_bytes")) for s, r in run.results[b].items()}
+        for b in ("tight", "ample")
+    }
+    out["cgroup_peak_mib"] = {
+        b: {s: _mib(r.get("cgroup_peak_bytes")) for s, r in run.results[b].items()}
+        for b in ("tight", "ample")
+    }
+    out["budget_mib"] = {"baseline": _mib(run.baseline_bytes), "raw": _mib(run.raw_bytes)}
+    out["budget_mib"].update({b: _mib(v) for b, v in run.limits.items()})
+    out["budget_capped"] = run.capped
+    out["budget_supported"] = ours.get("budget_supported")
+    out["ours_list_cache"] = {
+        k: v for k, v in ours.get("stats", {}).items() if k.startswith("list_cache")
+    }
+    out["qps_at_recall_budget"] = {
+        b: {m: {s: [qps_at(run, b, s, m, t) for t in TARGETS] for s in run.results[b]}
+            for m in MODES}
+        for b in ("tight", "ample")
+    }  # fmt: skip
+    out["faiss_plain"] = _plain(run)
+    return out
+
+
+def _plain(run: BudgetRun) -> dict[str, Any] | None:
+    """faiss_plain.py's figures beside the harness's faiss_ondisk at the same nprobe (tight)."""
+    if run.plain is None or "batch_qps" not in run.plain:
+        return run.plain
+    nprobe = run.plain["nprobe"]
+    harness = {
+        mode: next((p for p in _passes(run, "tight", "faiss_ondisk", mode)
+                    if p["value"] == nprobe), None)
+        for mode in ("batch", "single")
+    }  # fmt: skip
+    return {
+        "nprobe": nprobe,
+        "plain_batch_qps": run.plain["batch_qps"],
+        "harness_batch_qps": harness["batch"]["qps"] if harness["batch"] else None,
+        "plain_single_qps": run.plain["single_qps"],
+        "harness_single_qps": harness["single"]["qps"] if harness["single"] else None,
+        "plain_recall": run.plain["batch_recall"],
+        "plain_cgroup_peak_mib": _mib(run.plain.get("cgroup_peak_bytes")),
+    }
+
+
+def verdicts(keys: dict[str, Any]) -> list[str]:
+    out = ["| target (ours / peer, QPS at recall@10 0.9) | measured | verdict |", "|---|---|---|"]
+    for key, (_, _, _, goal) in RATIOS.items():
+        value = keys.get(key)
+        if goal is None or value is None:
+            word = "n/a" if value is None else "report"
+        else:
+            word = "PASS" if value >= goal else "MISS"
+        shown = "n/a" if value is None else f"{value:.2f}x"
+        out.append(f"| {key} >= {goal if goal else '-'} | {shown} | {word} |")
+    return out

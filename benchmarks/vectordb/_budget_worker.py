@@ -1,0 +1,182 @@
+r"""One system of the memory-budget benchmark, in a process of its own (started by _budget.py).
+
+    python -m benchmarks.vectordb._budget_worker --system ours --index DIR --queries Q.npy \
+        --gt GT.npy --knobs 4,8,12 --modes batch,single,conc8,conc64 --budget-bytes B \
+        [--cgroup PATH] [--probe]
+
+The parent starts it already inside its memory cgroup (``_cgroup.Cgroup.wrap``). It imports
+the same libraries whatever its system (numpy, faiss, vectordb, and torch where installed: our
+head scan loads it), so every worker starts from one baseline; it measures that baseline (the
+cgroup's charge when it has one, else RSS) and, with ``--probe``, prints it and exits. Otherwise
+it opens the index (ours with ``memory_budget_bytes`` = budget - baseline, where this commit
+takes it) and, for every knob value and mode, starts cold (``cold()``: close, drop the page
+cache, reopen; untimed) and runs the mode's queries once. Stdout gets a JSON line per pass
+(``{"pass": {...}}``: recall@10, QPS, p50/p99 latency) as it ends, then one with everything:
+baseline, peak RSS (VmHWM), the index's stats, the passes. faiss's C++ printf output goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+from benchmarks.vectordb import _cgroup
+
+LIBRARIES = ("numpy", "faiss", "vectordb", "torch")
+K = 10
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    """VmHWM, the peak RSS of this program's memory map. Not ``ru_maxrss``: Linux carries that
+    across fork and exec, so a worker would report its (much larger) parent's RSS."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _load_libraries(system: str, light: bool) -> None:
+    """The same libraries in every worker; ``light`` (smoke runs): only the system's own."""
+    names = LIBRARIES if not light else ("numpy", "vectordb" if system == "ours" else "faiss")
+    for name in names:
+        with contextlib.suppress(ImportError):  # torch is optional (the head scan needs none)
+            importlib.import_module(name)
+
+
+def _percentile_ms(latencies: list[float], q: float) -> float:
+    import numpy as np
+
+    return round(float(np.percentile(latencies, q)) * 1000, 3)
+
+
+def _pass(
+    system: Any, mode: str, value: int, queries: Any, gt: Any, limit_s: float
+) -> dict[str, Any]:
+    from benchmarks.vectordb._common import recall_at
+
+    system.cold()
+    start = time.perf_counter()
+    deadline = start + limit_s
+    if mode == "batch":
+        ids, latencies = system.batch(queries, K, value)
+    elif mode == "single":
+        ids, latencies = system.single(queries, K, value, deadline)
+    else:
+        callers = int(mode.removeprefix("conc"))
+        ids, latencies = system.concurrent(queries, K, value, callers, deadline)
+    wall_s = time.perf_counter() - start
+    done = (ids >= 0).any(axis=1)  # rows searched before the deadline
+    return {
+        "mode": mode,
+        "value": value,
+        "queries": int(done.sum()),
+        "recall": round(recall_at(ids[done], gt[done], K), 4),
+        "qps": round(int(done.sum()) / wall_s, 1),
+        "wall_s": round(wall_s, 3),
+        "p50_ms": _percentile_ms(latencies, 50),
+        "p99_ms": _percentile_ms(latencies, 99),
+        "rss_bytes": _rss_bytes(),
+    }
+
+
+def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[str, Any]:
+    import numpy as np
+
+    from benchmarks.vectordb._budget_systems import budget_supported, make
+
+    queries = np.load(args.queries)
+    gt = np.load(args.gt)
+    paths = {"index": args.index, "data": args.data}
+    ours_budget = None if args.budget_bytes is None else args.budget_bytes - baseline_bytes
+    system = make(args.system, paths, ours_budget)
+    values = [int(v) for v in args.knobs.split(",") if v]
+    if args.system == "ours" and system.default_value not in values:
+        values.append(system.default_value)  # the default SearchParams: recall_at_10_single
+    counts = {"batch": len(queries), "single": args.single_queries}
+    passes, skipped = [], []
+    try:
+        for mode in args.modes.split(","):
+            rows = counts.get(mode, args.conc_queries)
+            for value in sorted(values):
+                if passes and passes[-1]["mode"] == mode and passes[-1]["wall_s"] > args.pass_s:
+                    skipped.append({"mode": mode, "value": value})  # larger knobs: slower still
+                    continue
+                done = _pass(system, mode, value, queries[:rows], gt[:rows], args.pass_s)
+                passes.append(done)
+                # each pass at once: a worker killed later (OOM, timeout) still reports it
+                print(json.dumps({"pass": done}), file=reply, flush=True)
+                print(
+                    f"[{args.system}] {mode} {system.knob}={value}: recall {done['recall']:.4f}"
+                    f", {done['qps']:,.0f} QPS, p50 {done['p50_ms']:.2f} ms",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+        stats = system.stats()
+    finally:
+        system.close()
+    return {
+        "knob": system.knob,
+        "default_value": system.default_value,
+        "budget_supported": budget_supported() if args.system == "ours" else None,
+        "memory_budget_bytes": ours_budget if args.system == "ours" else None,
+        "stats": {k: v for k, v in stats.items() if isinstance(v, int | float | str)},
+        "passes": passes,
+        "skipped": skipped,
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="one system of the budget benchmark")
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--index", help="ours: the index directory; faiss: the .index file")
+    parser.add_argument("--data", help="faiss OnDisk: the .ivfdata file (dropped when cold)")
+    parser.add_argument("--queries")
+    parser.add_argument("--gt")
+    parser.add_argument("--knobs", default="")
+    parser.add_argument("--modes", default="batch,single,conc8,conc64")
+    parser.add_argument("--single-queries", type=int, default=200)
+    parser.add_argument("--conc-queries", type=int, default=500)
+    parser.add_argument("--pass-s", type=float, default=30.0, help="a mode's passes stop past it")
+    parser.add_argument("--budget-bytes", type=int, help="the cgroup's limit (ours: its budget)")
+    parser.add_argument("--cgroup", help="this process's cgroup, to read its charge")
+    parser.add_argument("--light", action="store_true", help="smoke: own libraries only")
+    parser.add_argument("--probe", action="store_true", help="print the baseline and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    reply = os.fdopen(os.dup(1), "w")  # our JSON line only: C++ printf output goes to stderr
+    os.dup2(2, 1)
+    _load_libraries(args.system, args.light)
+    charged = _cgroup.usage_bytes(args.cgroup) if args.cgroup else None
+    # the cap counts what is charged to the group (anonymous memory, page cache this process
+    # brought in), not RSS: shared libraries already cached are charged to whoever read them
+    # first, and would make an RSS baseline ~250 MiB too generous
+    baseline_bytes = charged if charged is not None else _rss_bytes()
+    out: dict[str, Any] = {
+        "system": args.system,
+        "baseline_bytes": baseline_bytes,
+        "baseline_rss_bytes": _rss_bytes(),
+        "baseline_charged_bytes": charged,
+    }
+    if not args.probe:
+        out.update(measure(args, baseline_bytes, reply))
+    out["peak_rss_bytes"] = _peak_rss_bytes()
+    print(json.dumps(out), file=reply, flush=True)
+
+
+if __name__ == "__main__":
+    main()
