@@ -146,7 +146,8 @@ class IndexConfig:
 class SearchParams:
     """Per-search settings. ``max_postings`` is the recall/latency knob."""
 
-    # posting lists read per query, nearest heads first; None: default_postings(heads)
+    # posting lists read per query, nearest heads first; None: default_postings(heads), a
+    # quarter more for a batch of up to 16 queries (search.SMALL_BATCH_QUERIES)
     max_postings: int | None = None
     prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
     # lists after the first max_postings a query also scores when its batch reads them anyway

@@ -149,6 +149,11 @@ def _prune(metric: Metric, pids: np.ndarray, dist: np.ndarray, ratio: float) -> 
 async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams) -> Answer:
     n_queries = len(queries)
     want = params.max_postings or default_postings(index.navigator.n_heads)
+    if params.max_postings is None and n_queries <= SMALL_BATCH_QUERIES:
+        # a few queries share few lists, so they lack the boost shared lists give a batch:
+        # a quarter more lists each (debian-minilm, one query a call: recall@10 0.919 at 8
+        # lists, 0.934 at 10, for 1.69 -> 1.71 ms)
+        want += want // 4
     extra = want if params.shared_postings is None else params.shared_postings
     if n_queries == 1:
         extra = 0  # a lone query's own lists are all the batch reads: nothing to share
