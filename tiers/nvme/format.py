@@ -161,7 +161,7 @@ def _load_fast_crc32() -> Callable[[int, int, int], int] | None:
         function.restype = ctypes.c_uint32
         function.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
         if function(0, ctypes.c_char_p(b"123456789"), 9) == zlib.crc32(b"123456789"):
-            return function  # type: ignore[no-any-return]
+            return function
     return None
 
 

@@ -29,17 +29,15 @@ pointing at the old record, untouched; after it, the new record is already durab
 commits the removal, then frees. So the catalog only ever names durable records, and a reopened
 tier finds every acknowledged object. A get re-checks the record against its catalog entry
 (size, version, CRC-32 of the payload; key hash and header CRC for a header record) and raises
-CorruptionError rather than return a wrong byte. ``get_many`` reads all its records in one
-engine submission; ``put_many`` writes them in one and shares one durability point.
-
-A byte-range get still reads and checks the whole record: the checksum covers the whole payload.
+CorruptionError rather than return a wrong byte (a byte-range get too: the checksum covers the
+whole payload). Reads (tiers.nvme.reads): ``get_many`` reads all its records in one engine
+submission, and concurrent single gets are gathered into one; ``put_many`` writes in one
+submission and shares one durability point.
 
 Concurrency: one asyncio loop. Puts and deletes of one key are serialised by a per-key lock;
-everything else interleaves. A get reads the extent named by the catalog when it starts and pins
-it, so an overwrite or delete that commits meanwhile defers freeing it until the read ends: a get
-returns the old or the new object, whole. Puts and deletes run as tasks shielded from the
-caller's cancellation: once begun they either commit or undo, so a cancelled caller cannot leak
-an extent or leave the catalog and the extents disagreeing.
+everything else interleaves; a get returns the old or the new object, whole (see reads). Puts
+and deletes run as tasks shielded from the caller's cancellation: once begun they either commit
+or undo, so a cancelled caller cannot leak an extent or leave catalog and extents disagreeing.
 Invariants: ``used_bytes`` (sum of committed sizes) + bytes reserved by puts in flight <=
 ``capacity_bytes`` (reopening with a smaller capacity than the objects found is allowed: puts
 then fail until enough is deleted); a failed put (CapacityError, NoSpaceError, EIO, ...) changes
@@ -51,37 +49,33 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
-from tiers.io.buffers import as_buffer
-from tiers.io.byte_views import is_tensor
 from tiers.io.engine import IOEngine
 from tiers.io.env import default_env
 from tiers.io.errors import (
-    CorruptionError,
     EngineClosedError,
     FileMissingError,
     InvalidArgumentError,
 )
 from tiers.io.runtime import IORuntime, default_runtime
 from tiers.nvme.catalog import Catalog
-from tiers.nvme.format import RECORD_ALIGNMENT_BYTES, is_bare, key_hash
+from tiers.nvme.format import RECORD_ALIGNMENT_BYTES
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.marker import load_marker
-from tiers.nvme.records import RecordIO, RecordRead, writable_view
+from tiers.nvme.reads import NvmeReads
+from tiers.nvme.records import RecordIO
 from tiers.nvme.space import ExtentSpace, default_file_bytes, extent_file_name
 from tiers.nvme.writes import NvmeWrites
 from tiers.storage.directory import fsync_directory, lock_directory, unlock_directory
 from tiers.storage.op_guard import OpGuard
-from tiers.storage.tier import ByteRange, Tier, check_key, resolve_range
+from tiers.storage.tier import Tier
 
 __all__ = ["NvmeTier"]
 
 
-class NvmeTier(NvmeWrites, Tier):
+class NvmeTier(NvmeReads, NvmeWrites, Tier):
     """The NVMe tier. Use ``await NvmeTier.open(...)`` (or construct, then ``await start()``).
 
     Args:
@@ -218,53 +212,6 @@ class NvmeTier(NvmeWrites, Tier):
             return None
         return self._file_path(entry.file_index), entry.offset_bytes
 
-    async def get(
-        self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
-    ) -> Any | None:
-        check_key(key)
-        self._open_catalog()
-        return (await self._read([key], [into], byte_range))[0]
-
-    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
-        """The objects of ``keys``, aligned with them (None where absent), read in one engine
-        submission; ``into``: one destination per key (or None), as ``get``'s.
-
-        Raises: as ``get``, for the first key that fails (nothing is returned then).
-        """
-        keys = list(keys)
-        for key in keys:
-            check_key(key)
-        if into is not None and len(into) != len(keys):
-            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
-        self._open_catalog()
-        return await self._read(keys, into if into is not None else [None] * len(keys), None)
-
-    async def put(self, key: str, data: Any) -> None:
-        check_key(key)
-        self._open_catalog()
-        payload, owner = _payload(data)
-        await self._ops.shielded(self._put_items({key: payload}, [owner]))
-
-    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Store every (key, data) pair (a later pair of the same key wins) with one write
-        submission, one fdatasync per extent file and one catalog commit; returns when all are
-        durable. Raises as ``put`` (a CapacityError for the whole batch changes nothing)."""
-        pairs = items.items() if isinstance(items, Mapping) else items
-        payloads: dict[str, np.ndarray] = {}
-        owners = []
-        for key, data in pairs:
-            check_key(key)
-            payloads[key], owner = _payload(data)
-            owners.append(owner)
-        self._open_catalog()
-        if payloads:
-            await self._ops.shielded(self._put_items(payloads, owners))
-
-    async def delete(self, key: str) -> bool:
-        check_key(key)
-        self._open_catalog()
-        return await self._ops.shielded(self._delete(key))
-
     async def aclose(self) -> None:
         """Refuse new calls, let those in flight finish, then close catalog, files, engine."""
         if self._state in ("closed", "closing"):
@@ -294,59 +241,6 @@ class NvmeTier(NvmeWrites, Tier):
             out["engine"] = self.engine.name
         return out
 
-    # ----------------------------------------------------------------- reads
-    async def _read(
-        self, keys: list[str], into: list[Any], byte_range: ByteRange | None
-    ) -> list[Any]:
-        catalog, space, records = self._catalog, self._space, self._records
-        assert catalog is not None and space is not None and records is not None
-        self.counters["gets"] += len(keys)
-        results: list[Any] = [None] * len(keys)
-        reads: list[RecordRead] = []
-        slots: list[int] = []
-        entries = catalog.entries
-        for slot, key in enumerate(keys):
-            entry = entries.get(key)
-            if entry is None:
-                continue
-            offset, size = resolve_range(entry.size_bytes, byte_range)
-            out = None if into[slot] is None else writable_view(into[slot], size)
-            if key in self._damaged:
-                self.counters["corruptions"] += 1
-                raise CorruptionError(
-                    f"catalog entry of {key!r} names space past its extent file or another's",
-                    self._file_path(entry.file_index),
-                    entry.offset_bytes,
-                )
-            bare = entry.version >= self._bare_from and is_bare(entry.size_bytes)
-            file = space.files.get(entry.file_index)
-            if file is None:
-                raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
-            khash = 0 if bare else key_hash(key)  # a bare record's check needs no key hash
-            reads.append(
-                RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out)
-            )
-            slots.append(slot)
-        self.counters["misses"] += len(keys) - len(reads)
-        if not reads:
-            return results
-        addresses = [space.address_of(r.entry.file_index, r.offset) for r in reads]
-        for address in addresses:  # no await since the lookups: the extents are still theirs
-            space.pin(address)
-        try:
-            with self._ops.track():
-                got = await records.read_many(reads)
-        except CorruptionError:
-            self.counters["corruptions"] += 1
-            raise
-        finally:
-            for address in addresses:
-                space.unpin(address)
-        self.counters["hits"] += len(reads)
-        for slot, value in zip(slots, got, strict=True):
-            results[slot] = value if into[slot] is None else into[slot]
-        return results
-
     # ----------------------------------------------------------------- helpers
     def _file_path(self, file_index: int) -> str:
         return os.path.join(self.directory, extent_file_name(file_index))
@@ -368,19 +262,6 @@ class NvmeTier(NvmeWrites, Tier):
         if engine is not None and self.runtime is not None:
             with contextlib.suppress(EngineClosedError):
                 await self.runtime.release_engine(engine)
-
-
-def _payload(data: Any) -> tuple[np.ndarray, Any]:
-    """(the bytes of ``data`` as a uint8 array, what keeps them alive), checked before any I/O."""
-    device = getattr(data, "device", None)
-    if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
-        data = data.detach().cpu()  # the host engine stages through host memory
-    ref = as_buffer(data)
-    payload = np.frombuffer(ref.memoryview(), np.uint8) if ref.size_bytes else _EMPTY
-    return payload, ref
-
-
-_EMPTY = np.empty(0, np.uint8)
 
 
 def _round_up(size_bytes: int) -> int:

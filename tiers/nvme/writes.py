@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from tiers.io.buffers import as_buffer
+from tiers.io.byte_views import is_tensor
 from tiers.io.errors import CapacityError
 from tiers.nvme.catalog import Catalog, CatalogEntry
 from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
@@ -37,6 +40,7 @@ from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.records import RecordIO, RecordWrite
 from tiers.nvme.space import ExtentSpace
 from tiers.storage.op_guard import OpGuard
+from tiers.storage.tier import check_key
 
 __all__ = ["NvmeWrites"]
 
@@ -55,6 +59,35 @@ class NvmeWrites:
     _damaged: set[str]
     _reserved_bytes: int
     _bare_from: int
+
+    def _open_catalog(self) -> Catalog:
+        raise NotImplementedError  # the tier's
+
+    async def put(self, key: str, data: Any) -> None:
+        check_key(key)
+        self._open_catalog()
+        payload, owner = _payload(data)
+        await self._ops.shielded(self._put_items({key: payload}, [owner]))
+
+    async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Store every (key, data) pair (a later pair of the same key wins) with one write
+        submission, one fdatasync per extent file and one catalog commit; returns when all are
+        durable. Raises as ``put`` (a CapacityError for the whole batch changes nothing)."""
+        pairs = items.items() if isinstance(items, Mapping) else items
+        payloads: dict[str, np.ndarray] = {}
+        owners = []
+        for key, data in pairs:
+            check_key(key)
+            payloads[key], owner = _payload(data)
+            owners.append(owner)
+        self._open_catalog()
+        if payloads:
+            await self._ops.shielded(self._put_items(payloads, owners))
+
+    async def delete(self, key: str) -> bool:
+        check_key(key)
+        self._open_catalog()
+        return await self._ops.shielded(self._delete(key))
 
     def _entry_bytes(self, entry: CatalogEntry) -> int:
         """Bytes the entry's record takes on disk (bare or header record, by the marker)."""
@@ -153,3 +186,16 @@ class NvmeWrites:
             self._damaged.discard(key)
             self.counters["deletes"] += 1
             return True
+
+
+def _payload(data: Any) -> tuple[np.ndarray, Any]:
+    """(the bytes of ``data`` as a uint8 array, what keeps them alive), checked before any I/O."""
+    device = getattr(data, "device", None)
+    if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
+        data = data.detach().cpu()  # the host engine stages through host memory
+    ref = as_buffer(data)
+    payload = np.frombuffer(ref.memoryview(), np.uint8) if ref.size_bytes else _EMPTY
+    return payload, ref
+
+
+_EMPTY = np.empty(0, np.uint8)

@@ -1,0 +1,219 @@
+"""NvmeReads: the get and get_many half of NvmeTier, with concurrent gets gathered.
+
+A ``get_many`` plans one RecordRead per key present (catalog entry, extent file, the asked
+range, the destination checked before any I/O) and moves them all in one engine submission
+(RecordIO.read_many). A single ``get`` joins the gets of the same loop iteration: the first one
+queues a gathering task, the others (from any task) add themselves, and the task reads all of
+them with one ``read_many``, so N tasks each awaiting one get cost one submission, one staging
+buffer and one wake-up, not N of each (a lone get pays one extra task step, ~5 us). Each gathered
+get still gets its own outcome: a key that is absent reads None, a bad destination or range
+raises InvalidArgumentError for that get alone, and when the shared read fails (a damaged
+record, a failed request) every get of it is read again on its own, so the error reaches only
+the gets whose records it concerns.
+
+A get reads the extent named by the catalog when its read is planned and pins it, so an
+overwrite or delete that commits meanwhile defers freeing it until the read ends: a get returns
+the old or the new object, whole. A get cancelled before its read is planned is dropped; one
+cancelled while its read is in flight has its destination unset, so its buffer is not written
+after it returned (as without gathering, a check running on the CPU executor may still finish
+its copy).
+
+Concurrency: loop thread only. Invariants: a queued get is counted in flight by the tier's
+OpGuard (``aclose`` waits for it); every queued get's future is resolved exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+from tiers.io.errors import CorruptionError, EngineClosedError, InvalidArgumentError
+from tiers.nvme.catalog import Catalog
+from tiers.nvme.format import is_bare, key_hash
+from tiers.nvme.records import RecordIO, RecordRead, writable_view
+from tiers.nvme.space import ExtentSpace
+from tiers.storage.op_guard import OpGuard
+from tiers.storage.tier import ByteRange, check_key, resolve_range
+
+__all__ = ["NvmeReads"]
+
+_Pending = tuple[str, Any, ByteRange | None, asyncio.Future[Any]]
+
+
+class NvmeReads:
+    """Mixed into NvmeTier; the attributes below are the tier's."""
+
+    name: str
+    counters: dict[str, int]
+    _catalog: Catalog | None
+    _space: ExtentSpace | None
+    _records: RecordIO | None
+    _ops: OpGuard
+    _damaged: set[str]
+    _bare_from: int
+    _state: str
+    _gathered: list[_Pending] | None = None  # gets waiting for the gathering task
+    _gathering: asyncio.Future[None] | None = None  # that task (a reference keeps it alive)
+
+    def _open_catalog(self) -> Catalog:
+        raise NotImplementedError  # the tier's
+
+    def _file_path(self, file_index: int) -> str:
+        raise NotImplementedError  # the tier's
+
+    async def get(
+        self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
+    ) -> Any | None:
+        check_key(key)
+        self._open_catalog()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._gathered is None:
+            self._gathered = []
+            tracked = self._ops.track()
+            tracked.__enter__()  # until the task ends: aclose waits for queued gets too
+            self._gathering = asyncio.ensure_future(self._serve_gathered(tracked))
+        self._gathered.append((key, into, byte_range, future))
+        return await future
+
+    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+        """The objects of ``keys``, aligned with them (None where absent), read in one engine
+        submission; ``into``: one destination per key (or None), as ``get``'s.
+
+        Raises: as ``get``, for the first key that fails (nothing is returned then).
+        """
+        keys = list(keys)
+        for key in keys:
+            check_key(key)
+        if into is not None and len(into) != len(keys):
+            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
+        self._open_catalog()
+        outs = into if into is not None else [None] * len(keys)
+        self.counters["gets"] += len(keys)
+        results: list[Any] = [None] * len(keys)
+        reads: list[RecordRead] = []
+        slots: list[int] = []
+        for slot, key in enumerate(keys):
+            read = self._plan(key, outs[slot], None)
+            if read is not None:
+                reads.append(read)
+                slots.append(slot)
+        self.counters["misses"] += len(keys) - len(reads)
+        if reads:
+            got = await self._execute(reads, count_corruption=True)
+            for slot, value in zip(slots, got, strict=True):
+                results[slot] = value if outs[slot] is None else outs[slot]
+        return results
+
+    # ----------------------------------------------------------------- gathering
+    async def _serve_gathered(self, tracked: contextlib.AbstractContextManager[None]) -> None:
+        """Read every get queued before this task's first step, in one submission."""
+        pending, self._gathered = self._gathered or [], None
+        try:
+            live = [p for p in pending if not p[3].done()]  # cancelled ones are dropped
+            self.counters["gets"] += len(live)
+            reads: list[RecordRead] = []
+            owners: list[_Pending] = []
+            for item in live:
+                key, into, byte_range, future = item
+                try:
+                    read = self._plan(key, into, byte_range)
+                except Exception as exc:  # this get's own error (bad range, damaged entry)
+                    future.set_exception(exc)
+                    continue
+                if read is None:
+                    self.counters["misses"] += 1
+                    future.set_result(None)
+                    continue
+                if read.out is not None:
+                    future.add_done_callback(functools.partial(_unset_if_cancelled, read))
+                reads.append(read)
+                owners.append(item)
+            if not reads:
+                return
+            try:
+                got = await self._execute(reads, count_corruption=len(reads) == 1)
+            except Exception as exc:
+                if len(reads) == 1:
+                    _settle_error(owners[0][3], exc)
+                    return
+                await self._serve_alone(reads, owners)  # each get gets its own outcome
+                return
+            for (_, into, _, future), value in zip(owners, got, strict=True):
+                if not future.done():
+                    future.set_result(value if into is None else into)
+        finally:
+            for *_, future in pending:
+                future.cancel()  # only if this task was cancelled before settling it
+            tracked.__exit__(None, None, None)
+
+    async def _serve_alone(self, reads: list[RecordRead], owners: list[_Pending]) -> None:
+        for read, (_, into, _, future) in zip(reads, owners, strict=True):
+            if future.done():
+                continue
+            try:
+                value = (await self._execute([read], count_corruption=True))[0]
+            except Exception as exc:
+                _settle_error(future, exc)
+                continue
+            if not future.done():
+                future.set_result(value if into is None else into)
+
+    # ----------------------------------------------------------------- reads
+    def _plan(self, key: str, into: Any, byte_range: ByteRange | None) -> RecordRead | None:
+        """The read of ``key``'s record (None: absent), checked before any I/O."""
+        catalog = self._catalog  # not _open_catalog: a tier closing still serves queued gets
+        if catalog is None:
+            raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
+        entry = catalog.entries.get(key)
+        if entry is None:
+            return None
+        offset, size = resolve_range(entry.size_bytes, byte_range)
+        out = None if into is None else writable_view(into, size)
+        if key in self._damaged:
+            self.counters["corruptions"] += 1
+            raise CorruptionError(
+                f"catalog entry of {key!r} names space past its extent file or another's",
+                self._file_path(entry.file_index),
+                entry.offset_bytes,
+            )
+        bare = entry.version >= self._bare_from and is_bare(entry.size_bytes)
+        space = self._space
+        file = None if space is None else space.files.get(entry.file_index)
+        if file is None:
+            raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
+        khash = 0 if bare else key_hash(key)  # a bare record's check needs no key hash
+        return RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out)
+
+    async def _execute(self, reads: list[RecordRead], *, count_corruption: bool) -> list[Any]:
+        """Move and check ``reads`` in one submission, their extents pinned meanwhile (no await
+        since they were planned: the extents are still theirs)."""
+        space, records = self._space, self._records
+        assert space is not None and records is not None
+        addresses = [space.address_of(r.entry.file_index, r.offset) for r in reads]
+        for address in addresses:
+            space.pin(address)
+        try:
+            with self._ops.track():
+                got = await records.read_many(reads)
+        except CorruptionError:
+            if count_corruption:
+                self.counters["corruptions"] += 1
+            raise
+        finally:
+            for address in addresses:
+                space.unpin(address)
+        self.counters["hits"] += len(reads)
+        return got
+
+
+def _unset_if_cancelled(read: RecordRead, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        read.out = None  # the caller is gone: leave its buffer alone
+
+
+def _settle_error(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
