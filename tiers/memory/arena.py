@@ -10,7 +10,9 @@ bytes, never a mix. Two refinements keep the arena usable up to ``capacity_bytes
 space is enough in total but split into holes too small, the put first compacts (objects slide
 toward offset 0, one copy each, in address order, until a hole fits), so fragmentation never
 refuses a put; and an overwrite that fits only once its old copy is gone drops that copy first
-(the copy is synchronous, so no reader can see the gap). Zero-size objects take no extent.
+(the copy is synchronous, so no reader can see the gap); both live in tiers.memory.arena_space.
+Zero-size objects take no extent. ``get_now``/``put_now``/``delete_now`` are the synchronous
+bodies of get/put/delete, for callers that save the coroutine (TieredStore's hits, promotions).
 
 Concurrency: one asyncio loop thread (see Tier). Every copy, compaction included, is synchronous
 and never spans an await, so no coroutine can observe a half-moved or half-written object.
@@ -30,13 +32,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tiers.io.errors import CapacityError, EngineClosedError, InvalidArgumentError, NoMemoryError
+from tiers.memory.arena_space import ArenaSpace
 from tiers.storage.extents import ExtentAllocator
 from tiers.storage.tier import ByteRange, Tier, check_key, resolve_range
 
 __all__ = ["ArenaTier"]
 
 
-class ArenaTier(Tier):
+class ArenaTier(ArenaSpace, Tier):
     """Base of the memory tiers. Subclasses create the arena and implement the copy hooks."""
 
     def __init__(self, name: str, capacity_bytes: int, *, alignment_bytes: int) -> None:
@@ -100,6 +103,11 @@ class ArenaTier(Tier):
     async def get(
         self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
     ) -> Any | None:
+        return self.get_now(key, into=into, byte_range=byte_range)
+
+    def get_now(
+        self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
+    ) -> Any | None:
         entry = self._index.get(key)
         if entry is None:
             self._miss(key)
@@ -137,11 +145,14 @@ class ArenaTier(Tier):
         return out
 
     async def put(self, key: str, data: Any) -> None:
+        self.put_now(key, data)
+
+    def put_now(self, key: str, data: Any) -> None:
         check_key(key)
         self._check_open()
         source, size = self._source(data)
         self._check_fits({key: size})
-        self._put_now(key, source, size)
+        self._store_copy(key, source, size)
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """All pairs or none: every key and value is checked, and the capacity for all of them,
@@ -154,7 +165,7 @@ class ArenaTier(Tier):
             sources[key] = self._source(data)
         self._check_fits({key: size for key, (_, size) in sources.items()})
         for key, (source, size) in sources.items():
-            self._put_now(key, source, size)
+            self._store_copy(key, source, size)
 
     def _check_fits(self, sizes: dict[str, int]) -> None:
         index = self._index
@@ -167,7 +178,7 @@ class ArenaTier(Tier):
                 f"{used_after} of {self.capacity_bytes} bytes used"
             )
 
-    def _put_now(self, key: str, source: Any, size: int) -> None:
+    def _store_copy(self, key: str, source: Any, size: int) -> None:
         offset = self._allocate(key, size)
         try:
             self._write(offset, source, size)
@@ -180,6 +191,9 @@ class ArenaTier(Tier):
         self.bytes_written += size
 
     async def delete(self, key: str) -> bool:
+        return self.delete_now(key)
+
+    def delete_now(self, key: str) -> bool:
         self._check_open()
         return self._drop(key)
 
@@ -236,80 +250,6 @@ class ArenaTier(Tier):
         check_key(key)
         self.misses += 1
         return None
-
-    def _free(self, offset: int, size: int) -> None:
-        if size:
-            self._extents.free(offset, size)
-
-    def _drop(self, key: str) -> bool:
-        entry = self._index.pop(key, None)
-        if entry is None:
-            return False
-        self._free(*entry)
-        self._used_bytes -= entry[1]
-        return True
-
-    def _allocate(self, key: str, size: int) -> int:
-        """Arena offset of a new extent for ``size`` bytes; compacts or raises CapacityError."""
-        if not size:
-            return 0
-        offset = self._extents.allocate(size)
-        if offset is not None:
-            return offset
-        need = self._extents.rounded(size)
-        if self._extents.free_bytes < need:
-            old = self._index.get(key)
-            old_extent_bytes = self._extents.rounded(old[1]) if old and old[1] else 0
-            if self._extents.free_bytes + old_extent_bytes < need:
-                raise CapacityError(
-                    f"tier {self.name!r}: no room in the arena for {size} bytes "
-                    f"({self._extents.free_bytes} of {self.arena_bytes} arena bytes free)"
-                )
-            # Only the old copy of this key stands in the way. The copy that follows is
-            # synchronous, so dropping the old copy first exposes no gap to any reader; if that
-            # copy fails, the key is gone rather than half-written.
-            self._drop(key)
-            offset = self._extents.allocate(size)
-            if offset is not None:
-                return offset
-        self._compact(need)
-        offset = self._extents.allocate(size)
-        if offset is None:  # _compact guarantees a hole of ``need`` bytes
-            raise AssertionError("arena compaction left no hole large enough")
-        return offset
-
-    def _compact(self, need_bytes: int) -> None:
-        """Slide objects, in address order, toward offset 0 until a hole of ``need_bytes`` exists.
-
-        Rebuilds the allocator: a fresh one hands out extents in address order, and objects left in
-        place are re-reserved at their offsets by allocating (then freeing) a filler for each gap.
-        """
-        old_extents = self._extents
-        fresh = ExtentAllocator(self.arena_bytes, old_extents.alignment_bytes)
-        entries = sorted((off, size, key) for key, (off, size) in self._index.items() if size)
-        fillers: list[tuple[int, int]] = []
-        end = 0  # first offset past what has been laid out
-        moving = True
-        for offset, size, key in entries:
-            if moving and offset - end >= need_bytes:
-                moving = False  # the hole before this object is large enough: leave the rest
-            if moving:
-                if offset != end:
-                    self._move(end, offset, size)
-                    self._index[key] = (end, size)
-                    self.compacted_bytes += size
-                offset = end
-            elif offset > end:
-                if fresh.allocate(offset - end) != end:
-                    raise AssertionError("arena compaction lost track of a gap")
-                fillers.append((end, offset - end))
-            if fresh.allocate(size) != offset:
-                raise AssertionError("arena compaction lost track of an extent")
-            end = offset + fresh.rounded(size)
-        for offset, size in fillers:
-            fresh.free(offset, size)
-        self._extents = fresh
-        self.compactions += 1
 
     def _no_memory(self, reason: str, where: str = "memory") -> NoMemoryError:
         """The error for an arena that cannot be had, naming this tier and ``reason``."""

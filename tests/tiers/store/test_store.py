@@ -301,8 +301,8 @@ def test_get_many_keeps_the_bookkeeping_of_single_gets(tmp_path: Path, policy: s
         touch = store._policies[0].touch
         store._policies[0].touch = lambda key: (touched.append(key), touch(key))  # type: ignore
         promoted: list[str] = []
-        promote = store._promote
-        store._promote = lambda key, *a: (promoted.append(key), promote(key, *a))[1]  # type: ignore
+        promote = store._promote_after_hit
+        store._promote_after_hit = lambda key, *a: (promoted.append(key), promote(key, *a))[1]  # type: ignore
         for keys in [*trace, ["absent", "k1", "k1"]]:
             serving = [store.tier_of(key) for key in keys]
             before = [(c.hits, c.misses) for c in store.counters]
