@@ -67,7 +67,7 @@ from tiers.nvme.marker import load_marker
 from tiers.nvme.reads import NvmeReads
 from tiers.nvme.records import RecordIO
 from tiers.nvme.space import ExtentSpace, default_file_bytes, extent_file_name
-from tiers.nvme.writes import NvmeWrites
+from tiers.nvme.writes import KeyLocks, NvmeWrites
 from tiers.storage.directory import fsync_directory, lock_directory, unlock_directory
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.tier import Tier
@@ -129,6 +129,7 @@ class NvmeTier(NvmeReads, NvmeWrites, Tier):
         self._reserved_bytes = 0  # charged to puts in flight, not yet committed
         self._bare_from = 1  # entries of this version and above may be bare (the marker)
         self._ops = OpGuard()
+        self._key_locks = KeyLocks()
         self.counters = dict.fromkeys(("gets", "hits", "misses", "puts", "deletes"), 0)
         self.counters["corruptions"] = 0
         self.counters["fdatasyncs"] = 0

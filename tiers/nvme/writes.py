@@ -2,8 +2,8 @@
 
 A put of one object and a put_many of many run the same steps, the many at once:
 
-1. hold the per-key locks (sorted, so two put_manys cannot deadlock), check the capacity for
-   all of them and reserve it (a CapacityError changes nothing);
+1. hold the per-key locks (KeyLocks: sorted, so two put_manys cannot deadlock), check the
+   capacity for all of them and reserve it (a CapacityError changes nothing);
 2. allocate a free extent per object;
 3. stage every record and write them in one engine submission (RecordIO.write_many);
 4. fdatasync each extent file written, shared with every other put in flight (GroupSync);
@@ -25,14 +25,14 @@ Invariants: see NvmeTier.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from tiers.io.buffers import as_buffer
-from tiers.io.byte_views import is_tensor
+from tiers.io.byte_views import U8, is_tensor
 from tiers.io.errors import CapacityError
 from tiers.nvme.catalog import Catalog, CatalogEntry
 from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
@@ -59,6 +59,7 @@ class NvmeWrites:
     _damaged: set[str]
     _reserved_bytes: int
     _bare_from: int
+    _key_locks: KeyLocks
 
     def _open_catalog(self) -> Catalog:
         raise NotImplementedError  # the tier's
@@ -99,9 +100,9 @@ class NvmeWrites:
     async def _put_items(self, items: dict[str, np.ndarray], owners: list[Any]) -> None:
         catalog, space = self._catalog, self._space
         assert catalog is not None and space is not None
-        async with contextlib.AsyncExitStack() as locks:
-            for key in sorted(items):
-                await locks.enter_async_context(self._ops.key(key))
+        held = sorted(items)
+        await self._key_locks.acquire(held)
+        try:
             old = {key: catalog.entries.get(key) for key in items}
             had = {key: entry.size_bytes if entry else 0 for key, entry in old.items()}
             reserve = sum(max(0, payload.nbytes - had[key]) for key, payload in items.items())
@@ -128,6 +129,8 @@ class NvmeWrites:
             self.counters["puts"] += len(committed)
             if error is not None:
                 raise error
+        finally:
+            self._key_locks.release(held)
 
     async def _write_and_commit(
         self, items: dict[str, np.ndarray], catalog: Catalog, space: ExtentSpace
@@ -175,7 +178,8 @@ class NvmeWrites:
     async def _delete(self, key: str) -> bool:
         catalog, space = self._catalog, self._space
         assert catalog is not None and space is not None
-        async with self._ops.key(key):
+        await self._key_locks.acquire([key])
+        try:
             old = catalog.entries.get(key)
             if old is None:
                 return False
@@ -186,10 +190,54 @@ class NvmeWrites:
             self._damaged.discard(key)
             self.counters["deletes"] += 1
             return True
+        finally:
+            self._key_locks.release([key])
+
+
+class KeyLocks:
+    """Per-key write locks, taken many at a time in sorted order (so two batches cannot
+    deadlock), each handed to its waiters first come, first served. A key costs a dict entry
+    while held, not an asyncio.Lock and a context manager (~6 us a key of a put_many)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, deque[asyncio.Future[None]]] = {}  # key -> its waiters
+
+    async def acquire(self, keys: list[str]) -> None:
+        """Hold every key of ``keys`` (sorted, distinct); on cancellation, none of them."""
+        held = self._held
+        for taken, key in enumerate(keys):
+            waiters = held.get(key)
+            if waiters is None:
+                held[key] = deque()
+                continue
+            turn = asyncio.get_running_loop().create_future()
+            waiters.append(turn)
+            try:
+                await turn
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._release(key)  # handed over just as we were cancelled
+                self.release(keys[:taken])
+                raise
+
+    def release(self, keys: list[str]) -> None:
+        for key in keys:
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        waiters = self._held[key]
+        while waiters:
+            turn = waiters.popleft()
+            if not turn.done():  # a cancelled waiter's future is done: skipped
+                turn.set_result(None)  # the key stays held, by that waiter now
+                return
+        del self._held[key]
 
 
 def _payload(data: Any) -> tuple[np.ndarray, Any]:
     """(the bytes of ``data`` as a uint8 array, what keeps them alive), checked before any I/O."""
+    if type(data) is np.ndarray and data.dtype is U8 and data.ndim == 1 and data.flags.c_contiguous:
+        return data, data  # the common case, without a BufferRef and a memoryview (~5 us)
     device = getattr(data, "device", None)
     if is_tensor(data) and getattr(device, "type", "cpu") != "cpu":
         data = data.detach().cpu()  # the host engine stages through host memory

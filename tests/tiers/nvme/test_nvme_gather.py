@@ -16,6 +16,7 @@ from tests.tiers.nvme.test_nvme import lease
 from tiers.io.errors import CorruptionError, InvalidArgumentError
 from tiers.io.threaded import ThreadEngine
 from tiers.nvme.nvme_tier import NvmeTier
+from tiers.nvme.writes import KeyLocks
 from tiers.testing.tier_contract import as_bytes
 
 
@@ -139,5 +140,36 @@ def test_close_waits_for_queued_gets(tmp_path: Path) -> None:
         await tier.aclose()
         assert as_bytes(await pending) == _data(5000, 1)
         await engine.aclose()
+
+    asyncio.run(main())
+
+
+def test_key_locks_serialise_each_key_and_survive_cancellation() -> None:
+    async def main() -> None:
+        locks = KeyLocks()
+        order: list[str] = []
+
+        async def writer(name: str, keys: list[str]) -> None:
+            await locks.acquire(keys)
+            order.append(f"{name}+")
+            await asyncio.sleep(0.01)
+            order.append(f"{name}-")
+            locks.release(keys)
+
+        # overlapping batches in sorted order: no deadlock, each key held by one at a time
+        await asyncio.gather(
+            writer("a", ["k1", "k2"]), writer("b", ["k2", "k3"]), writer("c", ["k3"])
+        )
+        assert order.index("a-") < order.index("b+") and order.index("c-") < order.index("b+")
+        await locks.acquire(["x"])
+        waiting = asyncio.ensure_future(locks.acquire(["w", "x"]))
+        await asyncio.sleep(0)
+        waiting.cancel()  # holds w, waits for x: cancelled, it must give w back
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        locks.release(["x"])
+        await asyncio.wait_for(locks.acquire(["w", "x"]), 1)
+        locks.release(["w", "x"])
+        assert not locks._held
 
     asyncio.run(main())
