@@ -43,6 +43,7 @@ async def checkpoint(index: SpannIndex) -> None:
 
 
 async def write_checkpoint(index: SpannIndex) -> None:
+    lsn = index.wal.next_lsn
     head_pids, head_vectors = index.navigator.snapshot()
     version_ids, versions = index.versions.snapshot()
     directory = index.store.snapshot()
@@ -63,6 +64,7 @@ async def write_checkpoint(index: SpannIndex) -> None:
     }
     snapshot = Checkpoint(index.config.to_dict(), state, arrays)
     await index.runtime.run_blocking(index.meta.write, snapshot)
+    index.checkpointed_lsn = lsn
 
 
 async def load_checkpoint(index: SpannIndex) -> None:
@@ -89,3 +91,5 @@ async def load_checkpoint(index: SpannIndex) -> None:
             fresh = ~index.versions.is_live(record.ids)  # replay is idempotent
             await apply_insert(index, record.ids[fresh], record.vectors[fresh])
         index.counters["wal_replayed"] += 1
+    if not index.counters["wal_replayed"]:
+        index.checkpointed_lsn = index.wal.next_lsn  # the checkpoint is the whole state

@@ -76,6 +76,7 @@ class SpannIndex:
         self.head_scans: set[asyncio.Future[Any]] = set()
         self.gatherer: SearchGatherer | None = None  # made by the first small search
         self.memory = MemoryBudget(None)  # replaced by create/open with the caller's budget
+        self.checkpointed_lsn = -1  # the log position the last checkpoint holds everything to
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
         self.counters["corrupt_lists_skipped"] = 0  # list reads a search answered without
@@ -191,13 +192,14 @@ class SpannIndex:
         return index
 
     async def aclose(self) -> None:
-        """Checkpoint (so reopening replays nothing), then release files, lock and engine."""
+        """Checkpoint if anything changed (so reopening replays nothing), then release files,
+        lock and engine."""
         if self._closed:
             return
         from vectordb.checkpoint import checkpoint
 
         try:
-            if not self.engine.closed:
+            if not self.engine.closed and self._changed_since_checkpoint():
                 await checkpoint(self)
         except EngineClosedError:
             pass  # the engine died under us (a power cut): the log still holds every update
@@ -209,6 +211,12 @@ class SpannIndex:
         from vectordb.search import READ_BUFFER_BYTES
 
         await self.memory.apply(self, READ_BUFFER_BYTES)
+
+    def _changed_since_checkpoint(self) -> bool:
+        """Whether anything was logged, or runs wait to be freed, since the last checkpoint
+        (closing an index that only answered searches writes nothing)."""
+        pending = self.store.space.stats()["pending_free_runs"]
+        return self.wal.next_lsn != self.checkpointed_lsn or bool(pending)
 
     async def _release(self) -> None:
         self._closed = True

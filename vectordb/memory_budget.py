@@ -5,11 +5,15 @@ A disk index is chosen because memory is short, so the memory it may use is a se
 is spent in this order:
 
 1. the resident part the index cannot work without: the heads (navigator), the version map and
-   the lists' directory (``fixed_bytes``). When they alone exceed the budget the index still
-   opens (it cannot answer without them) and says so: ``stats()["memory_over_budget"]``;
-2. the search read buffers: two (a search overlaps two chunks' reads), each a quarter of what is
-   left, at least ``MIN_READ_BUFFER_BYTES`` (one query's lists, with room to spare) and at most
-   search.READ_BUFFER_BYTES. A batch whose lists do not fit is searched a chunk at a time;
+   the lists' directory (``fixed_bytes``). The heads' bfloat16 copy (a faster head scan for
+   batches: head_scan.py) is dropped unless what is left is four times its size. When they
+   alone exceed the budget the index still opens (it cannot answer without them) and says so:
+   ``stats()["memory_over_budget"]``;
+2. the search read buffers: two (a search overlaps two chunks' reads), each an eighth of what
+   is left, from ``MIN_READ_BUFFER_BYTES`` (one query's lists, with room to spare) to
+   ``MAX_READ_BUFFER_BYTES``. A batch whose lists do not fit is searched a chunk at a time, and
+   what a chunk computes at once (distances to heads and to list members, their sorts) is held
+   to about a read buffer's size (search._cell_budget, Navigator.scan_queries);
 3. everything left caches hot posting lists (ListCache, a DRAM tier).
 
 Without a budget the index keeps the buffers it always had and caches no list.
@@ -18,6 +22,10 @@ log's buffer and transient per-search arrays (a few MB per 1,000 queries) -- the
 ``memory_budget_bytes`` is what is left for the index after them.
 The split is redone (``apply``) after a build, a reopen and each checkpoint, since the heads
 grow with the data; the cache keeps its lists unless its share moved by more than a tenth.
+The C allocator keeps what a search or an open freed for later: under a budget the process's
+big blocks are unmapped when freed (tiers.io.cap_heap_retention, process-wide) and the heaps
+are trimmed (tiers.io.trim_heap) after an open, a build, a checkpoint and every batch of more
+than a few queries.
 Thread-safety: the index's loop thread.
 """
 
@@ -25,14 +33,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tiers.io import cap_heap_retention, trim_heap
 from vectordb.list_cache import ListCache
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
 
-__all__ = ["MIN_READ_BUFFER_BYTES", "MemoryBudget"]
+__all__ = ["MAX_READ_BUFFER_BYTES", "MIN_READ_BUFFER_BYTES", "MemoryBudget"]
 
-MIN_READ_BUFFER_BYTES = 4 << 20  # a lone query reads ~0.6 MB on debian-minilm (8 lists)
+MAX_READ_BUFFER_BYTES = 64 << 20  # past this, bigger chunks gain a batch little (measured)
+# what is not counted piece by piece (the page cache of the metadata and log files, small
+# arrays, a search's bookkeeping) is kept out of the split: an eighth of the budget, at least
+# this (measured on debian-minilm in a 183 MiB cgroup: 22 MiB of page cache beside the split)
+MIN_SLACK_BYTES = 1 << 20
+MIN_READ_BUFFER_BYTES = 1 << 20  # a lone query reads ~0.75 MB on debian-minilm (10 lists)
 _READ_BUFFERS = 2  # search.py keeps two chunks' reads in flight
 
 
@@ -57,9 +71,21 @@ class MemoryBudget:
         self.fixed_bytes = self.resident_bytes(index)
         if self.budget_bytes is None:
             return
-        left = max(0, self.budget_bytes - self.fixed_bytes)
-        read = min(max(left // 4, MIN_READ_BUFFER_BYTES), default_read_buffer_bytes)
+        cap_heap_retention()  # freed scratch goes back to the OS, not to malloc's heaps
+        navigator = index.navigator
+        if (
+            navigator.allow_bfloat16
+            and self.budget_bytes - self.fixed_bytes < 4 * navigator.bfloat16_bytes()
+        ):
+            navigator.drop_bfloat16()  # a faster batch head scan is not worth a tight budget
+            self.fixed_bytes = self.resident_bytes(index)
+        slack = max(self.budget_bytes // 8, MIN_SLACK_BYTES)
+        left = max(0, self.budget_bytes - self.fixed_bytes - slack)
+        read = min(max(left // 8, MIN_READ_BUFFER_BYTES), MAX_READ_BUFFER_BYTES)
+        read = min(read, default_read_buffer_bytes)
         self.read_buffer_bytes = read
+        # a head scan's [queries, heads] distances, positions and partial sort: ~16 B a cell
+        navigator.scan_queries = max(1, read // 4 // (16 * max(navigator.n_heads, 1)))
         index.store.spare_limit_bytes = read
         cache_bytes = max(0, left - _READ_BUFFERS * read)
         old = self.cache.capacity_bytes
@@ -67,6 +93,12 @@ class MemoryBudget:
             await self.cache.aclose()
             self.cache = ListCache(cache_bytes)
         index.store.cache = self.cache if self.cache.capacity_bytes else None
+        trim_heap()  # what opening or building needed only while it ran
+
+    def after_batch(self) -> None:
+        """A large batch's scratch is free: under a budget, give it back to the OS."""
+        if self.budget_bytes is not None:
+            trim_heap()
 
     def stats(self) -> dict[str, Any]:
         over = self.budget_bytes is not None and self.fixed_bytes > self.budget_bytes

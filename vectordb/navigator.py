@@ -50,6 +50,10 @@ class Navigator:
         self._dead = 0
         # made on first use (centred on the heads then), kept in step with _flat after that
         self._bfloat: head_scan.BfloatHeads | None = None
+        # False: never make the bfloat16 copy (a tight memory budget: memory_budget.py)
+        self.allow_bfloat16 = True
+        # queries scanned at once ([queries, heads] distances and their sort): a budget bounds it
+        self.scan_queries: int | None = None
 
     @property
     def n_heads(self) -> int:
@@ -86,10 +90,20 @@ class Navigator:
 
     def _uses_bfloat16(self, want: int = 1) -> bool:
         return (
-            self._n_flat * self.dim >= BFLOAT16_FROM_CELLS
+            self.allow_bfloat16
+            and self._n_flat * self.dim >= BFLOAT16_FROM_CELLS
             and 8 * want <= self._n_flat
             and head_scan.bfloat16_is_native()
         )
+
+    def _search_flat_pieces(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
+        step = self.scan_queries
+        if step is None or len(queries) <= step:
+            return self._search_flat(queries, want)
+        parts = [
+            self._search_flat(queries[i : i + step], want) for i in range(0, len(queries), step)
+        ]
+        return np.concatenate([d for d, _ in parts]), np.concatenate([p for _, p in parts])
 
     def _search_flat(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
         heads = self._flat[: self._n_flat]
@@ -199,7 +213,7 @@ class Navigator:
         queries = np.ascontiguousarray(queries, np.float32)
         if self._index is None:
             want = min(self._ntotal, k)
-            dist, pos = self._search_flat(queries, want)
+            dist, pos = self._search_flat_pieces(queries, want)
         else:
             want = min(self._ntotal, k + self._dead)
             self._index.hnsw.efSearch = max(2 * want, 64)  # type: ignore[attr-defined]
@@ -240,13 +254,22 @@ class Navigator:
         self._dead = 0
         self.add(vectors, pids)
 
+    def bfloat16_bytes(self) -> int:
+        """What the bfloat16 copy of the heads takes (or would take, once made)."""
+        if self._bfloat is not None:
+            return self._bfloat.nbytes
+        return len(self._flat) * (2 * self.dim + 12) if self._index is None else 0
+
+    def drop_bfloat16(self) -> None:
+        """Scan in float32 from now on and free the bfloat16 copy (a tight budget)."""
+        self.allow_bfloat16 = False
+        self._bfloat = None
+
     def resident_bytes(self) -> int:
         bookkeeping = self._pos_pid.nbytes + self._pid_pos.nbytes
         if self._index is None:
             # the bfloat16 copy counts whenever the scan uses it, made yet or not
-            rounded = len(self._flat) * (2 * self.dim + 12) if self._uses_bfloat16() else 0
-            if self._bfloat is not None:
-                rounded = self._bfloat.nbytes
+            rounded = self.bfloat16_bytes() if self._uses_bfloat16() else 0
             return self._flat.nbytes + self._flat_norms.nbytes + rounded + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping

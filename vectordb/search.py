@@ -90,6 +90,7 @@ async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) 
         ids, dist, bad = await _gatherer(index).search(queries, k, params)
     else:
         ids, dist, bad = await run_batch(index, queries, k, params)
+        index.memory.after_batch()
     return SearchResult(ids, to_scores(index.metric, dist), bad)
 
 
@@ -172,7 +173,7 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
     pids, keep, shared = pids[order], keep[order], shared[order]
     out_ids = np.full((n_queries, k), -1, np.int64)
     out_dist = np.full((n_queries, k), np.inf, np.float32)
-    budgets = (_read_budget_bytes(index) // PAGE_BYTES, _CELL_BUDGET)
+    budgets = (_read_budget_bytes(index) // PAGE_BYTES, _cell_budget(index))
     chunks = [slice(0, 1)]  # a lone query is one chunk, whatever its lists' size
     if n_queries > 1:
         chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
@@ -235,6 +236,14 @@ def _read_buffer_bytes(index: SpannIndex) -> int:
 def _read_budget_bytes(index: SpannIndex) -> int:
     """The lists one chunk may read; the rest of its buffer is room for gaps read through."""
     return min(READ_BUDGET_BYTES, _read_buffer_bytes(index) * 3 // 4)
+
+
+def _cell_budget(index: SpannIndex) -> int:
+    """(probe, record) cells a chunk scores at once: under a memory budget, about as many
+    bytes of distance matrices (~64 a cell with the top-k's copies and sorts) as its read
+    buffer."""
+    read = index.memory.read_buffer_bytes
+    return _CELL_BUDGET if read is None else max(1, min(_CELL_BUDGET, read // 64))
 
 
 def _navigate(index: SpannIndex, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:

@@ -109,3 +109,24 @@ def test_a_bad_budget_is_refused(tmp_path: Path, bad: object) -> None:
             await SpannIndex.create(tmp_path / "i", IndexConfig(dim=DIM), memory_budget_bytes=bad)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def test_a_tight_budget_drops_the_heads_bfloat16_copy(tmp_path: Path) -> None:
+    vectors = clustered(1200, 384, seed=68)  # 96 heads x 384: a navigator big enough to count
+
+    async def main() -> tuple[dict[str, object], dict[str, object], bool]:
+        async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=384)) as index:
+            await index.build(None, vectors)
+            index.navigator.allow_bfloat16 = True
+            with_copy = index.memory.stats()
+            copy_bytes = index.navigator.bfloat16_bytes()
+        async with await SpannIndex.open(tmp_path / "i", memory_budget_bytes=1) as index:
+            tight = index.stats()
+            dropped = not index.navigator.allow_bfloat16
+            ids, _ = await index.search(vectors[:20], 5)
+            assert (ids[:, 0] == np.arange(20)).mean() >= 0.9
+        assert copy_bytes > 0
+        return with_copy, tight, dropped
+
+    _, tight, dropped = asyncio.run(main())
+    assert dropped and tight["memory_over_budget"]

@@ -32,6 +32,7 @@ from tiers.io.errors import (
 )
 from tiers.io.factory import ENGINE_KINDS, create_engine
 from tiers.io.gds import GdsEngine
+from tiers.io.heap import cap_heap_retention, trim_heap
 from tiers.io.pool import AlignedBufferPool, PooledBuffer
 from tiers.io.runtime import IORuntime, default_runtime
 from tiers.io.threaded import ThreadEngine
@@ -73,6 +74,7 @@ __all__ = [
     "WriteRequest",
     "aligned_empty",
     "as_buffer",
+    "cap_heap_retention",
     "create_engine",
     "default_env",
     "default_runtime",
@@ -81,4 +83,5 @@ __all__ = [
     "single_threaded_blas",
     "this_thread_openmp_alone",
     "torch_openmp",
+    "trim_heap",
 ]
