@@ -89,6 +89,8 @@ async def timed_gets(
         state["measure"] = True
         started = time.perf_counter()
         await _run_for(tasks, duration_s)
+        while not lat and not any(task.done() for task in tasks):  # a window shorter than a get
+            await _run_for(tasks, duration_s)
         window_s = time.perf_counter() - started
         state["measure"] = False
     finally:

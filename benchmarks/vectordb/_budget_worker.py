@@ -2,15 +2,17 @@ r"""One system of the memory-budget benchmark, in a process of its own (started 
 
     python -m benchmarks.vectordb._budget_worker --system ours --index DIR --queries Q.npy \
         --gt GT.npy --knobs 4,8,12 --modes batch,single,conc8,conc64 --budget-bytes B \
-        [--cgroup PATH] [--probe]
+        [--cgroup PATH [--join]] [--probe]
 
-The parent starts it already inside its memory cgroup (``_cgroup.Cgroup.wrap``). It imports
-the same libraries whatever its system (numpy, faiss, vectordb, and torch where installed: our
-head scan loads it), so every worker starts from one baseline; it measures that baseline (the
-cgroup's charge when it has one, else RSS) and, with ``--probe``, prints it and exits. Otherwise
-it opens the index (ours with ``memory_budget_bytes`` = budget - baseline, where this commit
-takes it) and, for every knob value and mode, starts cold (``cold()``: close, drop the page
-cache, reopen; untimed) and runs the mode's queries once. Stdout gets a JSON line per pass
+It imports the same libraries whatever its system (numpy, faiss, vectordb, and torch where
+installed: our head scan loads it) and runs its system once on a tiny throwaway index
+(``warm_up``: compiled kernels, runtime threads, rings: what a process needs before it holds any
+data). A measuring worker (``--join``) then hands its freed memory back and joins its cgroup,
+so the limit counts only what it takes from then on; a probe is started inside an unlimited
+group (``_cgroup.Cgroup.wrap``) and reports what all that cost (the baseline). Then it opens the
+index (ours with ``memory_budget_bytes`` = the limit less what is charged at that point) and,
+for every knob value and mode, starts cold (``cold()``: close, drop the page cache, reopen;
+untimed) and runs the mode's queries once. Stdout gets a JSON line per pass
 (``{"pass": {...}}``: recall@10, QPS, p50/p99 latency) as it ends, then one with everything:
 baseline, peak RSS (VmHWM), the index's stats, the passes. faiss's C++ printf output goes to stderr.
 """
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.vectordb import _cgroup
@@ -100,7 +104,10 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
     queries = np.load(args.queries)
     gt = np.load(args.gt)
     paths = {"index": args.index, "data": args.data}
-    ours_budget = None if args.budget_bytes is None else args.budget_bytes - baseline_bytes
+    # the limit counts what is charged from here on (a joined group); uncapped, the limit's
+    # share is the index's budget as it stands
+    charged = baseline_bytes if args.join and args.cgroup else 0
+    ours_budget = None if args.budget_bytes is None else max(0, args.budget_bytes - charged)
     system = make(args.system, paths, ours_budget)
     values = [int(v) for v in args.knobs.split(",") if v]
     if args.system == "ours" and system.default_value not in values:
@@ -153,6 +160,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cgroup", help="this process's cgroup, to read its charge")
     parser.add_argument("--light", action="store_true", help="smoke: own libraries only")
     parser.add_argument("--probe", action="store_true", help="print the baseline and exit")
+    parser.add_argument("--join", action="store_true", help="join --cgroup after warming up")
     return parser.parse_args(argv)
 
 
@@ -161,6 +169,18 @@ def main(argv: list[str] | None = None) -> None:
     reply = os.fdopen(os.dup(1), "w")  # our JSON line only: C++ printf output goes to stderr
     os.dup2(2, 1)
     _load_libraries(args.system, args.light)
+    if not args.light and args.queries:
+        import numpy as np
+
+        from benchmarks.vectordb._budget_systems import warm_up
+
+        warm_up(args.system, int(np.load(args.queries, mmap_mode="r").shape[1]))
+    if args.join and args.cgroup:  # from here on, what this process takes is charged there
+        from tiers.io import trim_heap
+
+        gc.collect()
+        trim_heap()  # the warm-up's freed memory: reused after joining, it would be uncharged
+        Path(args.cgroup, "cgroup.procs").write_text(str(os.getpid()))
     charged = _cgroup.usage_bytes(args.cgroup) if args.cgroup else None
     # the cap counts what is charged to the group (anonymous memory, page cache this process
     # brought in), not RSS: shared libraries already cached are charged to whoever read them
