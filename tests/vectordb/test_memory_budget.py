@@ -130,3 +130,27 @@ def test_a_tight_budget_drops_the_heads_bfloat16_copy(tmp_path: Path) -> None:
 
     _, tight, dropped = asyncio.run(main())
     assert dropped and tight["memory_over_budget"]
+
+
+def test_closing_an_index_that_only_searched_writes_no_checkpoint(tmp_path: Path) -> None:
+    vectors = clustered(1000, DIM, seed=69)
+
+    async def main() -> tuple[int, int, int]:
+        async with await _built(tmp_path / "i", vectors, None) as index:
+            pass
+        meta = tmp_path / "i" / "meta" / "data.mdb"
+        written = meta.stat().st_mtime_ns
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            await index.search(vectors[:5], 5)
+        untouched = meta.stat().st_mtime_ns
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            await index.insert(np.array([5000]), vectors[:1])
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            found, _ = await index.search(vectors[0], 2)
+            replayed = index.stats()["wal_replayed"]
+        assert 5000 in found[0].tolist()
+        return written, untouched, replayed
+
+    written, untouched, replayed = asyncio.run(main())
+    assert untouched == written
+    assert replayed == 0  # the insert was checkpointed at close
