@@ -73,7 +73,7 @@ async def load_checkpoint(index: SpannIndex) -> None:
     saved = index.meta.read()
     assert saved is not None
     arrays = saved.arrays
-    index.navigator.add(arrays["head_vectors"], arrays["head_pids"])
+    index.navigator.add(arrays.pop("head_vectors"), arrays["head_pids"], take=True)
     index.versions = VersionMap(arrays["version_ids"], arrays["versions"])
     index.store.restore(
         arrays["posting_start"], arrays["posting_capacity"], arrays["posting_count"]

@@ -14,7 +14,8 @@ is spent in this order:
    ``MAX_READ_BUFFER_BYTES``. A batch whose lists do not fit is searched a chunk at a time, and
    what a chunk computes at once (distances to heads and to list members, their sorts) is held
    to about a read buffer's size (search._cell_budget, Navigator.scan_queries);
-3. everything left caches hot posting lists (ListCache, a DRAM tier).
+3. everything left caches hot posting lists (ListCache, a DRAM tier), if it is at least
+   ``MIN_CACHE_BYTES``.
 
 Without a budget the index keeps the buffers it always had and caches no list.
 What is not counted: the interpreter and its libraries, LMDB's mapped pages, the write-ahead
@@ -44,8 +45,10 @@ __all__ = ["MAX_READ_BUFFER_BYTES", "MIN_READ_BUFFER_BYTES", "MemoryBudget"]
 MAX_READ_BUFFER_BYTES = 64 << 20  # past this, bigger chunks gain a batch little (measured)
 # what is not counted piece by piece (the page cache of the metadata and log files, small
 # arrays, a search's bookkeeping) is kept out of the split: an eighth of the budget, at least
-# this (measured on debian-minilm in a 183 MiB cgroup: 22 MiB of page cache beside the split)
-MIN_SLACK_BYTES = 1 << 20
+# this (measured on debian-minilm: in a 183 MiB cgroup 22 MiB of page cache beside the split;
+# in a 14 MiB one ~4 MiB of Python objects and modules a search loads)
+MIN_SLACK_BYTES = 4 << 20
+MIN_CACHE_BYTES = 8 << 20  # a smaller list cache holds a few lists: its share is slack instead
 MIN_READ_BUFFER_BYTES = 1 << 20  # a lone query reads ~0.75 MB on debian-minilm (10 lists)
 _READ_BUFFERS = 2  # search.py keeps two chunks' reads in flight
 
@@ -88,6 +91,8 @@ class MemoryBudget:
         navigator.scan_queries = max(1, read // 4 // (16 * max(navigator.n_heads, 1)))
         index.store.spare_limit_bytes = read
         cache_bytes = max(0, left - _READ_BUFFERS * read)
+        if cache_bytes < MIN_CACHE_BYTES:
+            cache_bytes = 0
         old = self.cache.capacity_bytes
         if abs(cache_bytes - old) > old // 10 or (cache_bytes == 0) != (old == 0):
             await self.cache.aclose()

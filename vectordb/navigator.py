@@ -129,8 +129,10 @@ class Navigator:
         pos = np.take_along_axis(pos, order, axis=1)
         return np.take_along_axis(part, order, axis=1), pos
 
-    def add(self, vectors: np.ndarray, pids: np.ndarray) -> None:
-        """Add heads (prepared float32 vectors) under posting ids ``pids``."""
+    def add(self, vectors: np.ndarray, pids: np.ndarray, take: bool = False) -> None:
+        """Add heads (prepared float32 vectors) under posting ids ``pids``. ``take``: the
+        navigator may keep ``vectors`` itself rather than a copy (the caller lets it go: a
+        checkpoint being loaded), when it has no heads yet."""
         if len(pids) == 0:
             return
         if self._index is None and self.kind == "auto" and self._ntotal + len(pids) > HNSW_ABOVE:
@@ -138,7 +140,11 @@ class Navigator:
             return
         start = self._ntotal
         vectors = np.ascontiguousarray(vectors, np.float32)
-        if self._index is None:
+        if self._index is None and take and self._n_flat == 0 and vectors.flags.writeable:
+            self._flat, self._n_flat = vectors, len(vectors)  # no second copy of every head
+            self._flat_norms = np.einsum("ij,ij->i", vectors, vectors)
+            self._bfloat = None
+        elif self._index is None:
             self._add_flat(vectors)
         else:
             self._index.add(vectors)

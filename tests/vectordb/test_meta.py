@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 from collections.abc import Iterator
@@ -11,9 +12,11 @@ from typing import Any
 import lmdb
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tiers.io.errors import CorruptionError
-from vectordb.meta import Checkpoint, MetaStore
+from vectordb.meta import Checkpoint, MetaStore, _npy_copy
 
 
 @pytest.fixture
@@ -153,3 +156,30 @@ def test_unknown_format_is_refused(store: MetaStore, tmp_path: Path) -> None:
             reopened.read()
     finally:
         reopened.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(["<f4", ">f4", "<i8", "<u4", "<f2", "|u1", "<c8"]),
+    shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+    fortran=st.booleans(),
+)
+def test_an_array_is_read_back_from_any_npy_buffer_as_np_load_would(
+    dtype: str, shape: list[int], fortran: bool
+) -> None:
+    array = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
+    array = np.asfortranarray(array) if fortran else array
+    stream = io.BytesIO()
+    np.save(stream, array, allow_pickle=False)
+    got = _npy_copy(memoryview(stream.getvalue()))
+    want = np.load(io.BytesIO(stream.getvalue()), allow_pickle=False)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert got.flags.writeable and got.flags.owndata  # a copy, not a view of LMDB's pages
+
+
+def test_an_object_array_is_refused() -> None:
+    stream = io.BytesIO()
+    np.save(stream, np.array([1, "a"], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError):
+        _npy_copy(stream.getvalue())
