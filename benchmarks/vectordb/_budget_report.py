@@ -24,6 +24,9 @@ RATIOS: dict[str, tuple[str, str, str, float | None]] = {
     "batch_qps_vs_faiss_ondisk": ("tight", "batch", "faiss_ondisk", 2.0),
     "ample_single_qps_vs_faiss_ondisk": ("ample", "single", "faiss_ondisk", 1.0),
     "ample_batch_qps_vs_faiss_ivf_ram": ("ample", "batch", "faiss_ivf", None),
+    "short_single_qps_vs_faiss_ondisk": ("short", "single", "faiss_ondisk", None),
+    "short_conc8_qps_vs_faiss_ondisk": ("short", "conc8", "faiss_ondisk", None),
+    "short_batch_qps_vs_faiss_ondisk": ("short", "batch", "faiss_ondisk", None),
 }
 _MIB = 2**20
 
@@ -127,20 +130,25 @@ def headline(run: BudgetRun) -> dict[str, Any]:
     out["ratios_at_recall_0_95"] = {
         k: _ratio(run, b, m, p, 0.95) for k, (b, m, p, _) in RATIOS.items()
     }
-    ours = run.results["tight"].get("ours", {})
-    default = next(
-        (p for p in ours.get("passes", []) if p["mode"] == "single"
-         and p["value"] == ours.get("default_value")), None,
-    )  # fmt: skip
+    ours, default, where = {}, None, None
+    for where in run.limits:  # tight first; where ours did not run there, the next budget
+        ours = run.results.get(where, {}).get("ours", {})
+        default = next(
+            (p for p in ours.get("passes", []) if p["mode"] == "single"
+             and p["value"] == ours.get("default_value")), None,
+        )  # fmt: skip
+        if default:
+            break
     out["single_p50_ms"] = default["p50_ms"] if default else None
     out["recall_at_10_single"] = default["recall"] if default else None
+    out["single_budget"] = where if default else None
     out["rss_mib"] = {
-        b: {s: _mib(r.get("peak_rss_bytes")) for s, r in run.results[b].items()}
-        for b in ("tight", "ample")
+        b: {s: _mib(r.get("peak_rss_bytes")) for s, r in run.results.get(b, {}).items()}
+        for b in run.limits
     }
     out["cgroup_peak_mib"] = {
-        b: {s: _mib(r.get("cgroup_peak_bytes")) for s, r in run.results[b].items()}
-        for b in ("tight", "ample")
+        b: {s: _mib(r.get("cgroup_peak_bytes")) for s, r in run.results.get(b, {}).items()}
+        for b in run.limits
     }
     out["budget_mib"] = {"baseline": _mib(run.baseline_bytes), "raw": _mib(run.raw_bytes)}
     out["budget_mib"].update({b: _mib(v) for b, v in run.limits.items()})
@@ -150,9 +158,9 @@ def headline(run: BudgetRun) -> dict[str, Any]:
         k: v for k, v in ours.get("stats", {}).items() if k.startswith("list_cache")
     }
     out["qps_at_recall_budget"] = {
-        b: {m: {s: [qps_at(run, b, s, m, t) for t in TARGETS] for s in run.results[b]}
+        b: {m: {s: [qps_at(run, b, s, m, t) for t in TARGETS] for s in run.results.get(b, {})}
             for m in MODES}
-        for b in ("tight", "ample")
+        for b in run.limits
     }  # fmt: skip
     out["faiss_plain"] = _plain(run)
     return out
