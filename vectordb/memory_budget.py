@@ -46,9 +46,9 @@ MAX_READ_BUFFER_BYTES = 64 << 20  # past this, bigger chunks gain a batch little
 # what is not counted piece by piece (the page cache of the metadata and log files, small
 # arrays, a search's bookkeeping) is kept out of the split: an eighth of the budget, at least
 # this (measured on debian-minilm: in a 183 MiB cgroup 22 MiB of page cache beside the split;
-# in a 14 MiB one ~4 MiB of Python objects and modules a search loads)
-MIN_SLACK_BYTES = 4 << 20
-MIN_CACHE_BYTES = 8 << 20  # a smaller list cache holds a few lists: its share is slack instead
+# in a 27 MiB one ~6-9 MiB of scratch, threads and Python objects beside the split)
+MIN_SLACK_BYTES = 6 << 20
+MIN_CACHE_BYTES = 16 << 20  # a smaller list cache holds a few lists: its share is slack instead
 MIN_READ_BUFFER_BYTES = 1 << 20  # a lone query reads ~0.75 MB on debian-minilm (10 lists)
 _READ_BUFFERS = 2  # search.py keeps two chunks' reads in flight
 
