@@ -56,7 +56,7 @@ class ListCache:
         return self._tier.used_bytes if self._tier is not None else 0
 
     def lookup(self, pids: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:
-        """Which of ``pids`` (their current ``start`` and ``count``) have a valid copy. Counts
+        """Which of ``pids`` (unique; their current ``start`` and ``count``) have a valid copy. Counts
         the need of every list for admission."""
         self._note_wanted(pids)
         hit = np.zeros(len(pids), bool)
@@ -174,9 +174,9 @@ class ListCache:
             grown = np.zeros(max(top, 2 * len(self._wanted)), np.uint16)
             grown[: len(self._wanted)] = self._wanted
             self._wanted = grown
-        np.add.at(self._wanted, pids, 1)  # saturates far below 65,535: halved below
+        self._wanted[pids] += 1  # a read names a list once; halved below long before 65,535
         self._wanted_events += len(pids)
-        if self._wanted_events > 10 * len(self._wanted) or self._wanted.max(initial=0) > 60_000:
+        if self._wanted_events > 10 * len(self._wanted) or self._wanted[pids].max() > 60_000:
             self._wanted >>= 1
             self._wanted_events = 0
 
