@@ -56,8 +56,8 @@ class ListCache:
         return self._tier.used_bytes if self._tier is not None else 0
 
     def lookup(self, pids: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:
-        """Which of ``pids`` (unique; their current ``start`` and ``count``) have a valid copy. Counts
-        the need of every list for admission."""
+        """Which of ``pids`` (unique; their current ``start`` and ``count``) have a valid
+        copy. Counts the need of every list for admission."""
         self._note_wanted(pids)
         hit = np.zeros(len(pids), bool)
         if self._tier is None or not self._lists:
