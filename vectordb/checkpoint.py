@@ -70,7 +70,7 @@ async def write_checkpoint(index: SpannIndex) -> None:
 async def load_checkpoint(index: SpannIndex) -> None:
     from vectordb.updates import apply_insert
 
-    saved = index.meta.read()
+    saved = index.meta.read(narrow=index.memory.narrow)
     assert saved is not None
     arrays = saved.arrays
     index.navigator.add(arrays.pop("head_vectors"), arrays["head_pids"], take=True)

@@ -167,14 +167,14 @@ class SpannIndex:
         lock_fd = lock_directory(directory, env)
         try:
             meta = MetaStore(os.path.join(directory, "meta"))
-            checkpoint = meta.read()
+            saved_config = meta.read_config()  # the arrays: once, by load_checkpoint
         except BaseException:
             unlock_directory(lock_fd, env)
             raise
         if existing:
-            assert checkpoint is not None
-            config = IndexConfig.from_dict(checkpoint.config)
-        elif checkpoint is not None:
+            assert saved_config is not None
+            config = IndexConfig.from_dict(saved_config)
+        elif saved_config is not None:
             meta.close()
             unlock_directory(lock_fd, env)
             raise IndexConfigError(f"{directory!r} already holds an index; use SpannIndex.open")

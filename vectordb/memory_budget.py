@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tiers.io import cap_heap_retention, trim_heap
 from vectordb.list_cache import ListCache
 
@@ -49,6 +51,7 @@ MAX_READ_BUFFER_BYTES = 64 << 20  # past this, bigger chunks gain a batch little
 # in a 27 MiB one ~6-9 MiB of scratch, threads and Python objects beside the split)
 MIN_SLACK_BYTES = 6 << 20
 MIN_CACHE_BYTES = 16 << 20  # a smaller list cache holds a few lists: its share is slack instead
+COMPACT_BELOW = 3  # budget / heads' float32 bytes under which the heads are held in float16
 MIN_READ_BUFFER_BYTES = 1 << 20  # a lone query reads ~0.75 MB on debian-minilm (10 lists)
 _READ_BUFFERS = 2  # search.py keeps two chunks' reads in flight
 
@@ -104,6 +107,14 @@ class MemoryBudget:
         """A large batch's scratch is free: under a budget, give it back to the OS."""
         if self.budget_bytes is not None:
             trim_heap()
+
+    def narrow(self, name: str, stored_bytes: int) -> Any:
+        """How load_checkpoint holds an array: the heads in float16 when the budget is under
+        ``COMPACT_BELOW`` x their float32 bytes (half the memory; distances to heads then carry
+        float16's rounding, ~3 significant digits, which only orders the lists a query reads).
+        A checkpoint written meanwhile stores the rounded heads."""
+        tight = self.budget_bytes is not None and self.budget_bytes < COMPACT_BELOW * stored_bytes
+        return np.float16 if name == "head_vectors" and tight else None
 
     def stats(self) -> dict[str, Any]:
         over = self.budget_bytes is not None and self.fixed_bytes > self.budget_bytes

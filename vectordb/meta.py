@@ -31,6 +31,7 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,9 @@ import numpy as np
 from tiers.io import CorruptionError
 from tiers.storage import lmdb_errors, open_lmdb, seal, unseal, write_growing
 
-__all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore"]
+__all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore", "Narrow"]
+
+Narrow = Callable[[str, int], Any]  # (array name, stored bytes) -> dtype to hold it in, or None
 
 META_FORMAT_VERSION = 2
 _FORMAT = struct.Struct("<II")
@@ -59,13 +62,14 @@ class MetaStore:
         self.data_path = os.path.join(path, "data.mdb")  # what a CorruptionError names
         self._env = open_lmdb(path, map_bytes=_MAP_BYTES, subdir=True, sync=True, metasync=True)
 
-    def read(self) -> Checkpoint | None:
+    def read(self, narrow: Narrow | None = None) -> Checkpoint | None:
         """The last committed checkpoint, or None for a new index.
 
         Each record is checked and decoded straight from LMDB's mapped pages, one at a time:
         an array is copied once, into its final place (copying every record first held three
         copies of the heads at once: the peak that kept an index from opening in 15% of its
-        vectors' bytes)."""
+        vectors' bytes). ``narrow(name, nbytes)`` may name a smaller dtype an array is to be
+        held in (converted straight from the mapped pages, never held at full width)."""
         with lmdb_errors(self.data_path), self._env.begin(buffers=True) as txn:
             if txn.get(b"format") is None:
                 records = {bytes(key): bytes(value) for key, value in txn.cursor()}
@@ -76,10 +80,25 @@ class MetaStore:
                 key = bytes(view_key)
                 body = unseal(key, view, self.data_path)
                 if key.startswith(b"a:"):
-                    arrays[key] = self._array(key, body)[1]
+                    dtype = narrow(key[2:].decode(errors="replace"), len(body)) if narrow else None
+                    arrays[key] = self._array(key, body, dtype)[1]
                 else:
                     bodies[key] = bytes(body)
         return self._checked(bodies, arrays)
+
+    def read_config(self) -> dict[str, Any] | None:
+        """The config of the last checkpoint (its record checked), or None for a new index;
+        the arrays are left where they are (opening reads them once, in load_checkpoint)."""
+        with lmdb_errors(self.data_path), self._env.begin(buffers=True) as txn:
+            format_2 = txn.get(b"format") is not None
+            sealed = txn.get(b"config")
+            config = None if sealed is None else bytes(sealed)
+        if not format_2:  # format 1 (or nothing): the whole read, as before
+            checkpoint = self.read()
+            return None if checkpoint is None else checkpoint.config
+        if config is None:
+            raise self._corrupt("checkpoint has no config record")
+        return self._json(b"config", {b"config": unseal(b"config", config, self.data_path)})
 
     def _checked(self, bodies: dict[bytes, bytes], arrays: dict[bytes, np.ndarray]) -> Checkpoint:
         stamp = bodies[b"format"]
@@ -150,11 +169,11 @@ class MetaStore:
             raise self._corrupt(f"checkpoint value {key.decode()} is not a JSON object")
         return value
 
-    def _array(self, key: bytes, data: Any) -> tuple[str, np.ndarray]:
+    def _array(self, key: bytes, data: Any, dtype: Any = None) -> tuple[str, np.ndarray]:
         """(name, array) of an ``a:<name>`` record whose bytes (``.npy``, possibly a view of
         LMDB's pages) passed their check: the array is one copy of them."""
         try:
-            return key[2:].decode(), _npy_copy(data)
+            return key[2:].decode(), _npy_copy(data, dtype)
         except (ValueError, EOFError):  # UnicodeDecodeError included; only a foreign writer
             raise self._corrupt(f"checkpoint value {key[:64]!r} is not an array") from None
 
@@ -162,20 +181,21 @@ class MetaStore:
         return CorruptionError(f"{what} in {self.data_path}", self.data_path)
 
 
-def _npy_copy(data: Any) -> np.ndarray:
+def _npy_copy(data: Any, as_dtype: Any = None) -> np.ndarray:
     """The array a ``.npy`` buffer holds, copied once out of ``data`` (np.load would copy the
-    whole buffer into a stream first)."""
+    whole buffer into a stream first); converted to ``as_dtype`` in that copy when given."""
     view = memoryview(data).cast("B")
     head = io.BytesIO(bytes(view[: min(len(view), 1 << 16)]))
     version = np.lib.format.read_magic(head)
     if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
+        shape, fortran, stored = np.lib.format.read_array_header_1_0(head)
     else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(head)
-    if dtype.hasobject:
+        shape, fortran, stored = np.lib.format.read_array_header_2_0(head)
+    if stored.hasobject:
         raise ValueError("object arrays are refused")
     count = int(np.prod(shape, dtype=np.int64))
-    flat = np.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    flat = np.frombuffer(view, dtype=stored, count=count, offset=head.tell())
     if fortran:
-        return flat.reshape(shape, order="F").copy(order="F")
-    return flat.reshape(shape).copy()
+        shaped = flat.reshape(shape, order="F")
+        return shaped.astype(as_dtype or stored, order="F")  # astype copies
+    return flat.reshape(shape).astype(as_dtype or stored)

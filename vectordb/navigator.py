@@ -21,6 +21,7 @@ import numpy as np
 
 from vectordb import head_scan
 from vectordb.metric import Metric
+from vectordb.widen import widen_float16
 
 __all__ = ["BFLOAT16_FROM_CELLS", "HNSW_ABOVE", "Navigator"]
 
@@ -32,6 +33,7 @@ BFLOAT16_FROM_CELLS = 1 << 20
 # torch's bfloat16 kernel gains nothing and its setup and the exact second pass cost: measured
 # on debian-minilm's 5,051 heads, one query: 562 us bfloat16 against ~290 us float32 BLAS
 BFLOAT16_FROM_QUERIES = 8
+_WIDEN_HEADS = 512  # float16 heads widened at a time for a scan (0.75 MiB of scratch at 384-d)
 _HNSW_M = 32
 
 
@@ -76,14 +78,15 @@ class Navigator:
         n = len(vectors)
         if self._n_flat + n > len(self._flat):
             rows = max(len(self._flat) + len(self._flat) // 16, self._n_flat + n, 64)
-            grown = np.zeros((rows, self.dim), np.float32)  # grows slowly: memory is the budget
+            grown = np.zeros((rows, self.dim), self._flat.dtype)  # slow growth: memory is budget
             grown[: self._n_flat] = self._flat[: self._n_flat]
             norms = np.zeros(len(grown), np.float32)
             norms[: self._n_flat] = self._flat_norms[: self._n_flat]
             self._flat, self._flat_norms = grown, norms
         block = self._flat[self._n_flat : self._n_flat + n]
         block[:] = vectors
-        self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", block, block)
+        wide = block.astype(np.float32, copy=False)  # norms of the heads as stored
+        self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", wide, wide)
         if self._bfloat is not None:  # kept in step, not remade: heads come a few at a time
             self._bfloat.put(self._n_flat, block)
         self._n_flat += n
@@ -91,6 +94,7 @@ class Navigator:
     def _uses_bfloat16(self, want: int = 1) -> bool:
         return (
             self.allow_bfloat16
+            and not self.compact  # its exact second pass reads float32 heads
             and self._n_flat * self.dim >= BFLOAT16_FROM_CELLS
             and 8 * want <= self._n_flat
             and head_scan.bfloat16_is_native()
@@ -105,6 +109,18 @@ class Navigator:
         ]
         return np.concatenate([d for d, _ in parts]), np.concatenate([p for _, p in parts])
 
+    def _products(self, queries: np.ndarray) -> np.ndarray:
+        """queries x heads, float32 [Q, heads]; float16 heads widened a piece at a time."""
+        heads = self._flat[: self._n_flat]
+        if heads.dtype == np.float32:
+            return queries @ heads.T
+        out = np.empty((len(queries), len(heads)), np.float32)
+        for first in range(0, len(heads), _WIDEN_HEADS):
+            piece = heads[first : first + _WIDEN_HEADS]
+            wide = widen_float16(piece.reshape(-1)).reshape(piece.shape)
+            np.matmul(queries, wide.T, out=out[:, first : first + len(piece)])
+        return out
+
     def _search_flat(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
         heads = self._flat[: self._n_flat]
         if len(queries) >= BFLOAT16_FROM_QUERIES and self._uses_bfloat16(want):
@@ -114,7 +130,7 @@ class Navigator:
                 rounded = head_scan.BfloatHeads(heads, l2, capacity=len(self._flat))
                 self._bfloat = rounded
             return head_scan.nearest(rounded, queries, heads, want)
-        dist = queries @ heads.T
+        dist = self._products(queries)
         if self.metric is Metric.L2:
             dist = self._flat_norms[: self._n_flat] - 2.0 * dist
             dist += np.einsum("ij,ij->i", queries, queries)[:, None]
@@ -139,10 +155,12 @@ class Navigator:
             self._rebuild(extra=(np.asarray(vectors, np.float32), np.asarray(pids, np.int64)))
             return
         start = self._ntotal
-        vectors = np.ascontiguousarray(vectors, np.float32)
+        if not (take and vectors.dtype == np.float16 and self._index is None):
+            vectors = np.ascontiguousarray(vectors, np.float32)
         if self._index is None and take and self._n_flat == 0 and vectors.flags.writeable:
             self._flat, self._n_flat = vectors, len(vectors)  # no second copy of every head
-            self._flat_norms = np.einsum("ij,ij->i", vectors, vectors)
+            wide = vectors.astype(np.float32, copy=False)
+            self._flat_norms = np.einsum("ij,ij->i", wide, wide)
             self._bfloat = None
         elif self._index is None:
             self._add_flat(vectors)
@@ -204,7 +222,7 @@ class Navigator:
         if len(positions) == 0:
             return np.zeros((0, self.dim), np.float32)
         if self._index is None:
-            return self._flat[positions]
+            return self._flat[positions].astype(np.float32, copy=False)
         return self._index.reconstruct_batch(positions)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -265,6 +283,11 @@ class Navigator:
         if self._bfloat is not None:
             return self._bfloat.nbytes
         return len(self._flat) * (2 * self.dim + 12) if self._index is None else 0
+
+    @property
+    def compact(self) -> bool:
+        """Whether the heads are held in float16 (a tight memory budget: load_checkpoint)."""
+        return self._flat.dtype == np.float16
 
     def drop_bfloat16(self) -> None:
         """Scan in float32 from now on and free the bfloat16 copy (a tight budget)."""

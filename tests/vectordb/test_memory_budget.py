@@ -190,3 +190,33 @@ def test_searches_gathered_beside_updates_see_each_acknowledged_insert(tmp_path:
     seen = asyncio.run(main())
     assert len(seen) > 100
     assert np.mean(seen) >= 0.98  # its own vector is its nearest neighbour
+
+
+def test_a_tight_budget_holds_the_heads_in_float16_and_answers_alike(tmp_path: Path) -> None:
+    vectors = clustered(4000, 64, seed=72)
+    queries = clustered(60, 64, seed=73)
+    truth, _ = brute_force(Metric.L2, np.arange(4000), vectors, queries, 10)
+
+    async def one_by_one(index: SpannIndex) -> np.ndarray:  # no shared lists: heads decide
+        return np.concatenate([(await index.search(q, 10)).ids for q in queries])
+
+    async def main() -> tuple[np.ndarray, np.ndarray, int, int]:
+        async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=64)) as index:
+            await index.build(None, vectors)
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            wide = await one_by_one(index)
+            wide_bytes = index.stats()["memory_fixed_bytes"]
+        async with await SpannIndex.open(tmp_path / "i", memory_budget_bytes=1) as index:
+            assert index.navigator.compact
+            narrow = await one_by_one(index)
+            narrow_bytes = index.stats()["memory_fixed_bytes"]
+            await index.insert(np.array([9_999]), queries[:1])  # heads may grow: float16 too
+            found, _ = await index.search(queries[0], 1)
+            assert found[0, 0] == 9_999
+        async with await SpannIndex.open(tmp_path / "i") as index:  # no budget: float32 again
+            assert not index.navigator.compact
+        return wide, narrow, wide_bytes, narrow_bytes
+
+    wide, narrow, wide_bytes, narrow_bytes = asyncio.run(main())
+    assert recall(narrow, truth) >= recall(wide, truth) - 0.02
+    assert narrow_bytes < 0.75 * wide_bytes  # the heads are most of it, now at half width
