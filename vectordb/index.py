@@ -30,6 +30,7 @@ from tiers.io import (
     FileMissingError,
     IOEngine,
     IORuntime,
+    cap_heap_retention,
     default_env,
     default_runtime,
 )
@@ -114,6 +115,8 @@ class SpannIndex:
         from vectordb.checkpoint import write_checkpoint
 
         budget = _checked_budget(memory_budget_bytes)
+        if budget is not None:  # before the open's own scratch (the LMDB check reads ~MBs)
+            cap_heap_retention()
         index = await cls._start(os.fspath(directory), config, runtime, direct, existing=False)
         try:
             index.memory = MemoryBudget(budget)
@@ -140,6 +143,8 @@ class SpannIndex:
         from vectordb.checkpoint import load_checkpoint
 
         budget = _checked_budget(memory_budget_bytes)
+        if budget is not None:  # before the open's own scratch (the LMDB check reads ~MBs)
+            cap_heap_retention()
         index = await cls._start(os.fspath(directory), None, runtime, direct, existing=True)
         try:
             index.memory = MemoryBudget(budget)

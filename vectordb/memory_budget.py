@@ -93,6 +93,8 @@ class MemoryBudget:
         # a head scan's [queries, heads] distances, positions and partial sort: ~16 B a cell
         navigator.scan_queries = max(1, read // 4 // (16 * max(navigator.n_heads, 1)))
         index.store.spare_limit_bytes = read
+        # the second read buffer only overlaps a big batch's chunks; at the floor, keep one
+        index.store.spare_count = 1 if read <= MIN_READ_BUFFER_BYTES else 2
         cache_bytes = max(0, left - _READ_BUFFERS * read)
         if cache_bytes < MIN_CACHE_BYTES:
             cache_bytes = 0

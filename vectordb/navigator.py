@@ -33,7 +33,7 @@ BFLOAT16_FROM_CELLS = 1 << 20
 # torch's bfloat16 kernel gains nothing and its setup and the exact second pass cost: measured
 # on debian-minilm's 5,051 heads, one query: 562 us bfloat16 against ~290 us float32 BLAS
 BFLOAT16_FROM_QUERIES = 8
-_WIDEN_HEADS = 512  # float16 heads widened at a time for a scan (0.75 MiB of scratch at 384-d)
+_WIDEN_HEADS = 256  # float16 heads widened at a time for a scan (384 KiB of scratch at 384-d)
 _HNSW_M = 32
 
 

@@ -80,6 +80,7 @@ class PostingStore:
         }
         self._spares: list[np.ndarray] = []  # searches' read buffers, kept for the next ones
         self.spare_limit_bytes = SPARE_LIMIT_BYTES  # the memory budget may lower it (index)
+        self.spare_count = SPARE_COUNT  # and keep one only, when it is tight
         self.cache: ListCache | None = None  # hot lists in DRAM (index: memory budget)
 
     # ----------------------------------------------------------------- directory
@@ -178,7 +179,7 @@ class PostingStore:
         if len(buffer) > self.spare_limit_bytes:
             return
         self._spares.append(buffer)
-        if len(self._spares) > SPARE_COUNT:
+        if len(self._spares) > self.spare_count:
             smallest = min(self._spares, key=len)
             self._spares = [b for b in self._spares if b is not smallest]
 
