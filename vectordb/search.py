@@ -26,11 +26,14 @@ For a batch of queries:
    over the batch, stale copies (older version) and deleted ids masked out, and per query the
    best ``k`` distinct ids (replicas counted once): scoring.ProbeScores.
 
-A large batch is cut into chunks of queries, so that one chunk's lists fit a reusable read
-buffer and its distance matrix stays within ``_CELL_BUDGET``; the queries are taken in the
-order of their nearest head (chunk_plan.locality_order), so a chunk holds queries near each
-other, which share lists; two chunks overlap (the next one's reads start once the previous
-one's have landed, so the device does not idle through a chunk's last scoring and top-k).
+Steps 3 and 4 for one chunk of queries are search_chunk.py. A large batch is cut into chunks
+of queries, so that one chunk's lists fit a reusable read buffer and its distance matrix stays
+within ``_CELL_BUDGET`` (under a memory budget, both scale with its read buffer); the queries
+are taken in the order of their nearest head (chunk_plan.locality_order), so a chunk holds
+queries near each other, which share lists; two chunks overlap (the next one's reads start once
+the previous one's have landed, so the device does not idle through a chunk's last scoring and
+top-k). Small searches (up to ``SMALL_BATCH_QUERIES``) from concurrent callers are gathered
+into shared batches first (gather.py).
 
 Lists seen with few live vectors are noted for merging (done by the next update).
 Concurrency: runs beside other searches and one updater (see posting_store for why reads
@@ -41,23 +44,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tiers.io import single_threaded_blas
-from vectordb.batch_reads import BatchReads, buffer_bytes
+from vectordb.batch_reads import BatchReads
 from vectordb.chunk_plan import locality_order, query_chunks
 from vectordb.config import SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
 from vectordb.gather import Answer, SearchGatherer
 from vectordb.metric import Metric, prepare, to_scores
 from vectordb.posting_format import PAGE_BYTES
-from vectordb.posting_reads import PostingRead
 from vectordb.posting_store import SPARE_LIMIT_BYTES
-from vectordb.scoring import ProbeScores
+from vectordb.search_chunk import ChunkAnswer, note_corrupt_lists, search_chunk
 from vectordb.search_result import SearchResult
 
 if TYPE_CHECKING:
@@ -65,9 +65,6 @@ if TYPE_CHECKING:
 
 __all__ = ["search"]
 
-log = logging.getLogger("tierkit.vectordb")
-_ChunkAnswer = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, distances, corrupt lists
-_READ_GROUPS = 4  # lists are scored a group at a time while the other groups are read
 _SPLIT_NAVIGATION_AT = 64  # queries: below this the head scan runs on the loop thread alone
 _READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the head scan
 _PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of reads
@@ -178,18 +175,18 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
     if n_queries > 1:
         chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
     if len(chunks) == 1 and n_queries <= SMALL_BATCH_QUERIES and early is None:
-        ids, dist, bad = await _search_chunk(
+        ids, dist, bad = await search_chunk(
             index, queries[order], pids, keep, shared, k, params, inline=True
         )
         out_ids[order], out_dist[order] = ids, dist
         return _finish(index, out_ids, out_dist, [bad])
-    running: list[tuple[slice, asyncio.Future[_ChunkAnswer]]] = []
+    running: list[tuple[slice, asyncio.Future[ChunkAnswer]]] = []
     skipped: list[np.ndarray] = []
     try:
         for rows in chunks:
             reads, early = early, None  # the early reads belong to the first chunk
             landed = asyncio.Event()
-            chunk = _search_chunk(
+            chunk = search_chunk(
                 index, queries[order[rows]], pids[rows], keep[rows], shared[rows], k, params,
                 reads, landed,
             )  # fmt: skip
@@ -224,7 +221,7 @@ def _finish(
     index.counters["queries"] += len(out_ids)
     bad = np.unique(np.concatenate(skipped)) if skipped else np.zeros(0, np.int64)
     if len(bad):
-        _note_corrupt_lists(index, bad)
+        note_corrupt_lists(index, bad)
     return out_ids, out_dist, bad
 
 
@@ -306,114 +303,3 @@ async def _navigate_reading(
         reads,
         early_queries,
     )
-
-
-async def _search_chunk(
-    index: SpannIndex,
-    queries: np.ndarray,
-    pids: np.ndarray,
-    keep: np.ndarray,
-    shared: np.ndarray,
-    k: int,
-    params: SearchParams,
-    reads: BatchReads | None = None,
-    landed: asyncio.Event | None = None,
-    inline: bool = False,
-) -> _ChunkAnswer:
-    """Score one chunk of queries: each its ``keep`` lists, and its ``shared`` ones that the
-    chunk reads for other queries. ``reads``: reads already started for some of its lists
-    (taken over: the rest of the lists are added to them), else a new set. ``landed`` is set
-    once every read of the chunk has landed (or the chunk failed). ``inline``: a small
-    chunk, read in one group and scored on the loop thread (a hop to the scoring thread
-    costs more than its scoring). Returns (ids, internal distances, the lists skipped as
-    corrupt)."""
-    unique = np.unique(pids[keep])
-    if shared.any():
-        keep = keep | (shared & np.isin(pids, unique))
-    probe_query, probe_slot = np.nonzero(keep)
-    probe_pid = pids[probe_query, probe_slot]
-    if reads is None:
-        reads = BatchReads(index.store, buffer_bytes(index.store, unique))
-    loop = asyncio.get_running_loop()
-    scoring: list[asyncio.Future[None]] = []
-    try:
-        reads.start_missing(unique, 1 if inline else _READ_GROUPS)
-        order = reads.pids  # the batch's list order: list_of indexes it
-        sorter = np.argsort(order)
-        list_of = sorter[np.searchsorted(order, probe_pid, sorter=sorter)]
-        by_list = np.argsort(list_of, kind="stable")
-        probe_query, probe_slot = probe_query[by_list], probe_slot[by_list]
-        list_of = list_of[by_list]
-        bounds = np.searchsorted(list_of, np.arange(len(order) + 1))
-        scores = ProbeScores(index.metric, queries, probe_query, list_of, bounds, reads.longest)
-        async with aclosing(reads.groups()) as groups:
-            async for read, batch_first, first, stop in groups:
-                lists = read.views(first, stop)
-                ids_live = ProbeScores.live_mask(lists, index.versions)
-                job = (read, scores, batch_first, first, lists, ids_live, params)
-                if inline:
-                    _score_group(*job)
-                else:
-                    scoring.append(loop.run_in_executor(index.scorer, _score_group, *job))
-        if landed is not None:
-            landed.set()
-        outcomes = await asyncio.gather(*scoring, return_exceptions=True)
-    except BaseException:
-        await asyncio.gather(*scoring, return_exceptions=True)
-        await reads.finish()
-        raise
-    finally:
-        if landed is not None:
-            landed.set()
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    corrupt_rows = np.asarray(scores.corrupt, np.int64)
-    if index.store.cache is not None:  # lists read (and checked by scoring) may be kept
-        await reads.offer_to(index.store.cache, corrupt_rows)
-    reads.release()  # every read and every view of it is done with
-    corrupt = order[corrupt_rows]
-    live = scores.live_counts
-    live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
-    _note_small_lists(index, order, live)
-    ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
-    return ids, dist, corrupt
-
-
-def _score_group(
-    read: PostingRead,
-    scores: ProbeScores,
-    batch_first: int,
-    first: int,
-    lists: list[np.ndarray],
-    ids_live: tuple[np.ndarray, np.ndarray],
-    params: SearchParams,
-) -> None:
-    """On the scoring thread: check and score the group's records (lists ``first``... of
-    ``read``, lists ``batch_first``... of the batch) in one pass (dot_kernel)."""
-    stop = first + len(lists)
-    spans = read.spans(first, stop)
-    counts = read.counts[first:stop]
-    scores.add(batch_first, counts, ids_live, spans, skip_corrupt=not params.strict)
-
-
-def _note_corrupt_lists(index: SpannIndex, pids: np.ndarray) -> None:
-    """Count the skipped lists; log each the first time it is met."""
-    index.counters["corrupt_lists_skipped"] += len(pids)
-    new = sorted(set(pids.tolist()) - index.corrupt_lists)
-    if new:
-        index.corrupt_lists.update(new)
-        log.warning(
-            "vectordb %s: posting lists %s fail their check; searches answer without them "
-            "(SpannIndex.repair() rebuilds them from replicas)",
-            index.directory,
-            new[:20],
-        )
-
-
-def _note_small_lists(index: SpannIndex, pids: np.ndarray, live: np.ndarray) -> None:
-    if len(pids) == 0 or index.config.merge_threshold == 0 or index.navigator.n_heads <= 1:
-        return
-    small = pids[live <= index.config.merge_threshold]
-    if len(small):
-        index.merge_candidates.update(small.tolist())

@@ -250,9 +250,10 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
     previous one's have landed), never more, and answers as single queries do; a corrupt page
     in any chunk is an error that leaves nothing in flight."""
     import vectordb.search as search_module
+    import vectordb.search_chunk as chunk_module
 
     running, most = [0], [0]
-    chunk = search_module._search_chunk
+    chunk = search_module.search_chunk
 
     async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         running[0] += 1
@@ -262,14 +263,14 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
         finally:
             running[0] -= 1
 
-    score_group = search_module._score_group
+    score_group = chunk_module.score_group
 
     def slow_score_group(*args):  # type: ignore[no-untyped-def]
         time.sleep(0.01)  # scoring outlasts the loop's step to the next chunk: they must overlap
         score_group(*args)
 
-    monkeypatch.setattr(search_module, "_search_chunk", spy)
-    monkeypatch.setattr(search_module, "_score_group", slow_score_group)
+    monkeypatch.setattr(search_module, "search_chunk", spy)
+    monkeypatch.setattr(chunk_module, "score_group", slow_score_group)
     monkeypatch.setattr(search_module, "READ_BUDGET_BYTES", 12 * PAGE_BYTES)  # ~2 queries
     vectors = clustered(3000, 16, seed=25)
     queries = clustered(90, 16, seed=26)
@@ -292,7 +293,7 @@ def test_chunks_overlap_two_at_a_time(tmp_path: Path, monkeypatch, corrupt: bool
                 return
             whole = await index.search(queries, k=5, params=params)
             assert most[0] == 2
-            monkeypatch.setattr(search_module, "_score_group", score_group)
+            monkeypatch.setattr(chunk_module, "score_group", score_group)
             alone = [await index.search(q[None, :], k=5, params=params) for q in queries]
         np.testing.assert_array_equal(whole[0], np.concatenate([a[0] for a in alone]))
         np.testing.assert_allclose(whole[1], np.concatenate([a[1] for a in alone]), rtol=1e-5)
