@@ -53,8 +53,7 @@ header record and is read as one. A damaged marker is a CorruptionError, never a
 Checksum choice: CRC-32 (zlib's IEEE polynomial) runs at C speed, releases the GIL on large
 buffers, and catches every burst error up to 32 bits and all but 2^-32 of random damage. It
 guards against torn writes, bit rot and stale records, not against an adversary. Payloads of
-16 KiB and more are summed by libdeflate's CRC-32 (same value, 4-6x zlib 1.2's speed: a 64 KiB
-get spent ~25 us in zlib) where libdeflate is installed (libtiff needs it); else by zlib.
+16 KiB and more are summed by libdeflate's CRC-32 where it is installed (tiers.nvme.checksums).
 
 The readers trust nothing on disk. A header record: magic, header checksum, format version,
 then key hash, size, version and payload checksum must all equal what the catalog recorded for
@@ -71,16 +70,15 @@ CorruptionError.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import struct
 import zlib
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from tiers.io.errors import CorruptionError, InvalidArgumentError
+from tiers.nvme.checksums import payload_crc32
 
 __all__ = [
     "FORMAT_VERSION",
@@ -149,33 +147,6 @@ def record_bytes(payload_size_bytes: int, bare: bool = False) -> int:
 def stored_bytes(payload_size_bytes: int) -> int:
     """Bytes a put of ``payload_size_bytes`` takes on disk in a format-2 tier."""
     return record_bytes(payload_size_bytes, is_bare(payload_size_bytes))
-
-
-def _load_fast_crc32() -> Callable[[int, int, int], int] | None:
-    """libdeflate_crc32(crc, address, length), or None; a CDLL call releases the GIL."""
-    for name in ("libdeflate.so.0", "libdeflate.so"):
-        try:
-            function = ctypes.CDLL(name).libdeflate_crc32
-        except (OSError, AttributeError):
-            continue
-        function.restype = ctypes.c_uint32
-        function.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
-        if function(0, ctypes.c_char_p(b"123456789"), 9) == zlib.crc32(b"123456789"):
-            return function
-    return None
-
-
-_FAST_CRC32 = _load_fast_crc32()
-_FAST_CRC_MIN_BYTES = 16 << 10  # below this, finding the address costs more than zlib's loop
-
-
-def payload_crc32(payload: np.ndarray | memoryview | bytes) -> int:
-    if isinstance(payload, np.ndarray):
-        size = payload.nbytes
-        if size >= _FAST_CRC_MIN_BYTES and _FAST_CRC32 is not None and payload.flags.c_contiguous:
-            return _FAST_CRC32(0, payload.ctypes.data, size)
-        return zlib.crc32(payload.data) & 0xFFFFFFFF
-    return zlib.crc32(payload) & 0xFFFFFFFF
 
 
 def write_bare(record: np.ndarray, payload: np.ndarray) -> int:

@@ -1,15 +1,16 @@
 """NvmeReads: the get and get_many half of NvmeTier, with concurrent gets gathered.
 
-A ``get_many`` plans one RecordRead per key present (catalog entry, extent file, the asked
-range, the destination checked before any I/O) and moves them all in one engine submission
-(RecordIO.read_many). A single ``get`` joins the gets of the same loop iteration: the first one
-queues a gathering task, the others (from any task) add themselves, and the task reads all of
-them with one ``read_many``, so N tasks each awaiting one get cost one submission, one staging
-buffer and one wake-up, not N of each (a lone get pays one extra task step, ~5 us). Each gathered
-get still gets its own outcome: a key that is absent reads None, a bad destination or range
-raises InvalidArgumentError for that get alone, and when the shared read fails (a damaged
-record, a failed request) every get of it is read again on its own, so the error reaches only
-the gets whose records it concerns.
+A ``get_many`` looks its keys up and hands the entries found to tiers.nvme.batch_reads, which
+plans, moves (one engine submission) and checks them over arrays, whole pages straight into
+page-aligned destinations; a batch with a damaged entry or a record above 1 GiB takes the path
+of single gets instead (a RecordRead per key, RecordIO.read_many). A single ``get`` joins the
+gets of the same loop iteration: the first one queues a gathering task, the others (from any
+task) add themselves, and the task reads all of them with one ``read_many``, so N tasks each
+awaiting one get cost one submission, one staging buffer and one wake-up, not N of each (a lone
+get pays one extra task step, ~5 us). Each gathered get still gets its own outcome: a key that
+is absent reads None, a bad destination or range raises InvalidArgumentError for that get alone,
+and when the shared read fails (a damaged record, a failed request) every get of it is read
+again on its own, so the error reaches only the gets whose records it concerns.
 
 A get reads the extent named by the catalog when its read is planned and pins it, so an
 overwrite or delete that commits meanwhile defers freeing it until the read ends: a get returns
@@ -28,10 +29,11 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from tiers.io.errors import CorruptionError, EngineClosedError, InvalidArgumentError
-from tiers.nvme.catalog import Catalog
+from tiers.nvme.batch_reads import read_batch
+from tiers.nvme.catalog import Catalog, CatalogEntry
 from tiers.nvme.format import is_bare, key_hash
 from tiers.nvme.records import RecordIO, RecordRead, writable_view
 from tiers.nvme.space import ExtentSpace
@@ -41,6 +43,7 @@ from tiers.storage.tier import ByteRange, check_key, resolve_range
 __all__ = ["NvmeReads"]
 
 _Pending = tuple[str, Any, ByteRange | None, asyncio.Future[Any]]
+_MAX_KEY_BYTES = 511  # check_key's limit; an ASCII key has as many bytes as characters
 
 
 class NvmeReads:
@@ -86,12 +89,45 @@ class NvmeReads:
         """
         keys = list(keys)
         for key in keys:
-            check_key(key)
-        if into is not None and len(into) != len(keys):
-            raise InvalidArgumentError(f"{len(into)} destinations for {len(keys)} keys")
-        self._open_catalog()
+            if type(key) is not str or not key.isascii() or not 0 < len(key) <= _MAX_KEY_BYTES:
+                check_key(key)  # the common case above needs no encode
+        n = len(keys)
+        if into is not None and len(into) != n:
+            raise InvalidArgumentError(f"{len(into)} destinations for {n} keys")
+        find = self._open_catalog().entries.get
+        found = [find(key) for key in keys]
+        slots = [i for i, entry in enumerate(found) if entry is not None]
+        self.counters["gets"] += n
+        self.counters["misses"] += n - len(slots)
+        results: list[Any] = [None] * n
+        if not slots:
+            return results
+        if self._damaged and any(keys[i] in self._damaged for i in slots):
+            return await self._get_many_planned(keys, into)  # its errors, in key order
+        entries = cast(list[CatalogEntry], found)
+        if len(slots) < n:
+            keys = [keys[i] for i in slots]
+            entries = [entries[i] for i in slots]
+            into = None if into is None else [into[i] for i in slots]
+        space, records = self._space, self._records
+        assert space is not None and records is not None
+        try:
+            with self._ops.track():
+                got = await read_batch(records, space, keys, entries, into, self._bare_from)
+        except CorruptionError:
+            self.counters["corruptions"] += 1
+            raise
+        if got is None:  # a record above 1 GiB: RecordIO's path (which counts the hits)
+            got = await self._get_many_planned(keys, into)
+        else:
+            self.counters["hits"] += len(slots)
+        for slot, value in zip(slots, got, strict=True):
+            results[slot] = value
+        return results
+
+    async def _get_many_planned(self, keys: list[str], into: list[Any] | None) -> list[Any]:
+        """get_many through a RecordRead per key (damaged entries, records above 1 GiB)."""
         outs = into if into is not None else [None] * len(keys)
-        self.counters["gets"] += len(keys)
         results: list[Any] = [None] * len(keys)
         reads: list[RecordRead] = []
         slots: list[int] = []
@@ -100,7 +136,6 @@ class NvmeReads:
             if read is not None:
                 reads.append(read)
                 slots.append(slot)
-        self.counters["misses"] += len(keys) - len(reads)
         if reads:
             got = await self._execute(reads, count_corruption=True)
             for slot, value in zip(slots, got, strict=True):

@@ -72,7 +72,7 @@ class RecordIO:
     def __init__(self, engine: IOEngine, buffers: BounceBuffers, run_cpu: RunCpu) -> None:
         self.engine = engine
         self.buffers = buffers
-        self._run_cpu = run_cpu
+        self.run_cpu = run_cpu  # checks and copies of large batches (tiers.nvme.batch_reads too)
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -86,7 +86,7 @@ class RecordIO:
         buffer = self.buffers.take(max(1, sum(totals)))
         try:
             if sum(totals) >= _OFFLOAD_BYTES:
-                crcs = await self._run_cpu(_stage_all, buffer, writes, starts, totals)
+                crcs = await self.run_cpu(_stage_all, buffer, writes, starts, totals)
             else:
                 crcs = _stage_all(buffer, writes, starts, totals)
             rows = [
@@ -118,7 +118,7 @@ class RecordIO:
             self.bytes_read += int(got.sum())
             args = (buffer, reads, starts, totals, got)
             if total >= _OFFLOAD_BYTES:
-                results = await self._run_cpu(_check_all, *args)
+                results = await self.run_cpu(_check_all, *args)
             else:
                 results = _check_all(*args)
             recycle = not in_place

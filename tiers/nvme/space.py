@@ -19,7 +19,8 @@ fits, and frees the part it returns (which merges with a free tail of the file).
 
 Pins: a read pins the extent it reads; releasing a pinned extent (an overwrite or delete that
 committed meanwhile) is deferred to the last unpin, so an extent is never rewritten while a read
-of it is in flight (the space keeps the pins).
+of it is in flight (the space keeps the pins). A batch read pins its extents as one array, which
+a release checks (``pin_batch``).
 
 Concurrency: loop thread only. Growing the files is serialised by the space's asyncio lock;
 blocking calls (fallocate, directory fsync) run in worker threads through the engine's Env.
@@ -37,6 +38,8 @@ import os
 import re
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import EngineClosedError, InvalidArgumentError, StorageError, map_os_errors
@@ -92,6 +95,9 @@ class ExtentSpace:
         self.sizes: dict[int, int] = {}  # usable bytes of each file (a multiple of 4 KiB)
         arena = MAX_EXTENT_FILES * FILE_STRIDE_BYTES
         self._space = GrowableSpace(arena, RECORD_ALIGNMENT_BYTES, self._grow)
+        self._batches: dict[int, np.ndarray] = {}  # token -> extents a batch read in flight
+        self._late_pins: dict[int, list[int]] = {}  # token -> extents released meanwhile
+        self._next_batch = 0
 
     # ----------------------------------------------------------------- set-up
     async def open(self, used: Iterable[tuple[Any, int, int, int]]) -> set[Any]:
@@ -155,8 +161,26 @@ class ExtentSpace:
     def unpin(self, address: int) -> None:
         self._space.unpin(address)
 
+    def pin_batch(self, addresses: np.ndarray) -> int:
+        """Pin the extents a batch read starts at (int64); returns the token for
+        ``unpin_batch``. O(1): the batch is only noted, and a ``release`` meanwhile pins what
+        it frees on the batch's behalf (a pin per address cost ~0.4 us per object read)."""
+        token = self._next_batch
+        self._next_batch += 1
+        self._batches[token] = addresses
+        return token
+
+    def unpin_batch(self, token: int) -> None:
+        del self._batches[token]
+        for address in self._late_pins.pop(token, ()):
+            self._space.unpin(address)
+
     def release(self, address: int, size_bytes: int) -> None:
         """Free an extent, or, while a read of it is in flight, as soon as the last one ends."""
+        for token, addresses in self._batches.items():
+            if (addresses == address).any():  # a batch reads it now: a pin until it ends
+                self._space.pin(address)
+                self._late_pins.setdefault(token, []).append(address)
         self._space.free(address, size_bytes)
 
     # ----------------------------------------------------------------- lifecycle

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tiers.io.buffers import aligned_empty
 from tiers.io.errors import CorruptionError
+from tiers.nvme import checksums
 from tiers.nvme import format as format_module
 from tiers.nvme.format import (
     FORMAT_VERSION,
@@ -133,5 +134,9 @@ def test_payload_crc32_is_zlibs_whichever_code_sums_it(
     want = zlib.crc32(data.tobytes())
     assert format_module.payload_crc32(data) == want
     assert format_module.payload_crc32(data.tobytes()) == want
-    monkeypatch.setattr(format_module, "_FAST_CRC32", None)
+    aligned = aligned_empty(size)
+    aligned[:] = data
+    assert checksums.crc32_at(aligned, aligned.__array_interface__["data"][0]) == want
+    monkeypatch.setattr(checksums, "_FAST_CRC32", None)
     assert format_module.payload_crc32(data) == want
+    assert checksums.crc32_at(aligned, 0) == want  # zlib needs no address
