@@ -4,7 +4,9 @@ Both compute zlib's IEEE CRC-32, so records written with one check with the othe
 is 4-6x zlib 1.2's speed (a 64 KiB get spent ~25 us in zlib); called through ctypes it costs
 ~0.35 us of call overhead, and finding a numpy array's address (``ctypes.data``) another ~0.8 us,
 so below 16 KiB zlib wins unless the caller already knows the address (``crc32_at``: a batched
-read knows every record's address from the rows it gave the engine).
+read knows every record's address from the rows it gave the engine). ``crc32_many`` sums a whole
+batch in one call to a numba loop that calls libdeflate by name (0.15 us a 4 KiB payload where a
+ctypes call per payload costs 0.5 us); without numba it makes those ctypes calls.
 
 Concurrency: pure functions over caller-owned buffers; safe from any thread (a CDLL call and
 zlib both release the GIL on large buffers).
@@ -13,12 +15,19 @@ zlib both release the GIL on large buffers).
 from __future__ import annotations
 
 import ctypes
+import logging
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 __all__ = ["crc32_at", "crc32_many", "payload_crc32"]
+
+log = logging.getLogger("tierkit.tiers")
+
+
+_FAST_CRC32_LIBRARY: list[str] = []  # the name libdeflate loaded under
 
 
 def _load_fast_crc32() -> Callable[[int, int, int], int] | None:
@@ -31,6 +40,7 @@ def _load_fast_crc32() -> Callable[[int, int, int], int] | None:
         function.restype = ctypes.c_uint32
         function.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
         if function(0, ctypes.c_char_p(b"123456789"), 9) == zlib.crc32(b"123456789"):
+            _FAST_CRC32_LIBRARY.append(name)
             return function
     return None
 
@@ -58,10 +68,52 @@ def crc32_at(payload: np.ndarray, address_bytes: int) -> int:
 
 
 def crc32_many(addresses_bytes: np.ndarray, sizes_bytes: np.ndarray) -> np.ndarray | None:
-    """CRC-32 of each of many contiguous payloads (where each starts, its size), or None
-    without libdeflate (the caller sums views with zlib)."""
-    fast = _FAST_CRC32
-    if fast is None:
+    """CRC-32 of each of many contiguous payloads (int64 arrays: where each starts, its size),
+    or None without libdeflate (the caller sums views with zlib)."""
+    if _FAST_CRC32 is None:
         return None
+    rows = _compiled_rows()
+    if rows is not None:  # one call for the batch: ~0.15 us a 4 KiB payload, not ~0.5
+        out = np.empty(len(sizes_bytes), np.int64)
+        rows(addresses_bytes, sizes_bytes, out)
+        return out
+    fast = _FAST_CRC32
     pairs = zip(addresses_bytes.tolist(), sizes_bytes.tolist(), strict=True)
     return np.fromiter((fast(0, a, n) for a, n in pairs), np.int64, len(sizes_bytes))
+
+
+_compiled: list[Any] = []  # [the numba loop, or None], built on first use
+
+
+def _compiled_rows() -> Any:
+    """A numba loop calling libdeflate_crc32 by name for every row (the library loaded into
+    the JIT's symbol table, so numba's disk cache holds no address), or None."""
+    if not _compiled:
+        try:
+            _compiled.append(_build_rows())
+        except Exception as exc:  # no numba, or no libdeflate for it: a ctypes call per row
+            log.info("batched CRC-32 loop unavailable, one ctypes call per payload: %r", exc)
+            _compiled.append(None)
+    return _compiled[0]
+
+
+def _build_rows() -> Any:
+    import llvmlite.binding as llvm  # type: ignore[import-untyped]
+    from numba import njit, types
+
+    llvm.load_library_permanently(_FAST_CRC32_LIBRARY[0])
+    crc: Any = types.ExternalFunction(
+        "libdeflate_crc32", types.uint32(types.uint32, types.uint64, types.uint64)
+    )
+
+    @njit(nogil=True, cache=True)
+    def rows(addresses: Any, sizes: Any, out: Any) -> None:  # pragma: no cover - machine code
+        for i in range(addresses.shape[0]):
+            out[i] = crc(0, addresses[i], sizes[i])
+
+    probe = np.frombuffer(b"123456789", np.uint8)
+    got = np.zeros(1, np.int64)
+    rows(np.array([probe.ctypes.data], np.int64), np.array([9], np.int64), got)
+    if int(got[0]) != zlib.crc32(b"123456789"):
+        raise RuntimeError("the compiled CRC-32 loop disagrees with zlib")
+    return rows

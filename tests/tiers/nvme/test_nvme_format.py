@@ -140,3 +140,24 @@ def test_payload_crc32_is_zlibs_whichever_code_sums_it(
     monkeypatch.setattr(checksums, "_FAST_CRC32", None)
     assert format_module.payload_crc32(data) == want
     assert checksums.crc32_at(aligned, 0) == want  # zlib needs no address
+
+
+@pytest.mark.parametrize("loop", ["compiled", "ctypes"])
+def test_crc32_many_is_zlibs_for_every_row(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched CRC-32 (numba loop or one ctypes call per row) equals zlib's per payload;
+    without libdeflate it declines, and the caller sums views with zlib."""
+    rows = [aligned_empty(size) for size in (4096, 1, 65536 + 7, 0, 8192)]
+    for seed, row in enumerate(rows):
+        row[:] = np.random.default_rng(seed).integers(0, 256, row.nbytes, dtype=np.uint8)
+    addresses = np.array([row.__array_interface__["data"][0] for row in rows], np.int64)
+    sizes = np.array([row.nbytes for row in rows], np.int64)
+    if loop == "ctypes":
+        monkeypatch.setattr(checksums, "_compiled", [None])
+    got = checksums.crc32_many(addresses, sizes)
+    if checksums._FAST_CRC32 is None:
+        assert got is None
+        return
+    assert got is not None
+    assert got.tolist() == [zlib.crc32(row.tobytes()) for row in rows]
+    monkeypatch.setattr(checksums, "_FAST_CRC32", None)
+    assert checksums.crc32_many(addresses, sizes) is None
