@@ -118,6 +118,13 @@ class MemoryBudget:
         tight = self.budget_bytes is not None and self.budget_bytes < COMPACT_BELOW * stored_bytes
         return np.float16 if name == "head_vectors" and tight else None
 
+    @property
+    def tight(self) -> bool:
+        """The read buffers are at their floor: one batch at a time (search.py's gathering)."""
+        return (
+            self.read_buffer_bytes is not None and self.read_buffer_bytes <= MIN_READ_BUFFER_BYTES
+        )
+
     def stats(self) -> dict[str, Any]:
         over = self.budget_bytes is not None and self.fixed_bytes > self.budget_bytes
         return {

@@ -85,8 +85,7 @@ class Navigator:
             self._flat, self._flat_norms = grown, norms
         block = self._flat[self._n_flat : self._n_flat + n]
         block[:] = vectors
-        wide = block.astype(np.float32, copy=False)  # norms of the heads as stored
-        self._flat_norms[self._n_flat : self._n_flat + n] = np.einsum("ij,ij->i", wide, wide)
+        self._flat_norms[self._n_flat : self._n_flat + n] = _squared_norms(block)  # as stored
         if self._bfloat is not None:  # kept in step, not remade: heads come a few at a time
             self._bfloat.put(self._n_flat, block)
         self._n_flat += n
@@ -159,8 +158,7 @@ class Navigator:
             vectors = np.ascontiguousarray(vectors, np.float32)
         if self._index is None and take and self._n_flat == 0 and vectors.flags.writeable:
             self._flat, self._n_flat = vectors, len(vectors)  # no second copy of every head
-            wide = vectors.astype(np.float32, copy=False)
-            self._flat_norms = np.einsum("ij,ij->i", wide, wide)
+            self._flat_norms = _squared_norms(vectors)
             self._bfloat = None
         elif self._index is None:
             self._add_flat(vectors)
@@ -302,3 +300,15 @@ class Navigator:
             return self._flat.nbytes + self._flat_norms.nbytes + rounded + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping
+
+
+def _squared_norms(vectors: np.ndarray) -> np.ndarray:
+    """|v|^2 of each row in float32; float16 rows widened a piece at a time (a whole float32
+    copy of the heads is what a tight budget cannot hold)."""
+    if vectors.dtype == np.float32:
+        return np.einsum("ij,ij->i", vectors, vectors)
+    out = np.empty(len(vectors), np.float32)
+    for first in range(0, len(vectors), _WIDEN_HEADS):
+        wide = vectors[first : first + _WIDEN_HEADS].astype(np.float32)
+        out[first : first + len(wide)] = np.einsum("ij,ij->i", wide, wide)
+    return out

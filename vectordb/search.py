@@ -93,7 +93,8 @@ async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) 
 
 def _gatherer(index: SpannIndex) -> SearchGatherer:
     if index.gatherer is None:
-        index.gatherer = SearchGatherer(functools.partial(run_batch, index))
+        slots = 1 if index.memory.tight else 2  # each batch in flight holds a read buffer
+        index.gatherer = SearchGatherer(functools.partial(run_batch, index), max_in_flight=slots)
     return index.gatherer
 
 
