@@ -18,6 +18,7 @@ from tiers.io.batch import IOBatch
 from tiers.io.buffers import aligned_empty
 from tiers.io.errors import CorruptionError, InvalidArgumentError, StorageError
 from tiers.io.threaded import ThreadEngine
+from tiers.nvme import batch_reads
 from tiers.nvme.nvme_tier import NvmeTier
 from tiers.testing.faulty_engine import FaultyEngine
 from tiers.testing.tier_contract import as_bytes
@@ -201,5 +202,24 @@ def test_a_release_during_a_batch_read_waits_for_it(tmp_path: Path, in_place: bo
         assert_space_consistent(tier)
         await tier.aclose()
         await engine.aclose()
+
+    asyncio.run(main())
+
+
+def test_large_batches_are_checked_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batch_reads, "_OFFLOAD_BYTES", 0)  # every batch: the CPU executor
+
+    async def main() -> None:
+        tier = await NvmeTier.open("n", 1 << 20, tmp_path, create=True)
+        values = {"a": _data(PAGE, 1), "b": _data(5000, 2)}
+        await tier.put_many(values)
+        got = await tier.get_many(["a", "b"], into=[aligned_empty(PAGE), None])
+        assert [as_bytes(v) for v in got] == list(values.values())
+        _flip(tier, "a", 7)
+        with pytest.raises(CorruptionError):
+            await tier.get_many(["b", "a"])
+        await tier.aclose()
 
     asyncio.run(main())
