@@ -44,13 +44,23 @@ class BudgetRun:
     notes: list[str] = field(default_factory=list)
 
 
+# a pass cut short by its deadline after fewer queries than this says too little of recall
+# (a thrashing system answered one query in 15 s with recall 1.0): it stays in the tables
+# but gives no QPS at a recall
+MIN_QUERIES = 20
+
+
 def _passes(run: BudgetRun, budget: str, system: str, mode: str) -> list[dict[str, Any]]:
     return [p for p in run.results[budget][system].get("passes", []) if p["mode"] == mode]
 
 
+def _measured(run: BudgetRun, budget: str, system: str, mode: str) -> list[dict[str, Any]]:
+    return [p for p in _passes(run, budget, system, mode) if p["queries"] >= MIN_QUERIES]
+
+
 def _points(run: BudgetRun, budget: str, system: str, mode: str) -> list[Point]:
     out = []
-    for p in _passes(run, budget, system, mode):
+    for p in _measured(run, budget, system, mode):
         point = Point(system, "", p["value"], float("nan"), p["queries"])
         point.add_round(p["queries"] / p["qps"], p["recall"], {})
         out.append(point)
@@ -65,7 +75,7 @@ def qps_at(run: BudgetRun, budget: str, system: str, mode: str, target: float) -
 
 def _reaching(run: BudgetRun, budget: str, system: str, mode: str, target: float) -> dict | None:
     """The pass of the smallest knob value whose recall reaches ``target``."""
-    passes = sorted(_passes(run, budget, system, mode), key=lambda p: p["value"])
+    passes = sorted(_measured(run, budget, system, mode), key=lambda p: p["value"])
     return next((p for p in passes if p["recall"] >= target), None)
 
 
