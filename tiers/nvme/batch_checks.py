@@ -15,6 +15,7 @@ batch passed its check; a staged record is copied to its destination only once i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,34 +26,41 @@ from tiers.nvme.checksums import crc32_at, crc32_many
 from tiers.nvme.format import check_payload, key_hash
 from tiers.nvme.records import writable_view
 
-__all__ = ["check_batch"]
+__all__ = ["LandedBatch", "check_batch"]
 
 
-def check_batch(
-    keys: list[str],
-    table: np.ndarray,
-    bare: np.ndarray,
-    totals: np.ndarray,
-    starts: np.ndarray,
-    addresses: np.ndarray,
-    direct: np.ndarray,
-    moved: np.ndarray,
-    files: list[FileHandle],
-    stage: np.ndarray,
-    outs: list[Any] | None,
-) -> list[Any]:
-    """The objects of a moved batch: ``outs[i]``, filled, or where that is None a view of
+@dataclass(frozen=True)
+class LandedBatch:
+    """A batch whose reads have landed. One row per key: ``table`` (file, offset, size, crc32,
+    version of its entry), ``bare``, ``totals`` (record bytes), ``starts`` (its place in
+    ``stage`` unless ``direct``: read in place), ``addresses`` (where the engine put it),
+    ``moved`` (bytes read), ``files``; ``outs``: the caller's destinations, or None."""
+
+    keys: list[str]
+    table: np.ndarray
+    bare: np.ndarray
+    totals: np.ndarray
+    starts: np.ndarray
+    addresses: np.ndarray
+    direct: np.ndarray
+    moved: np.ndarray
+    files: list[FileHandle]
+    stage: np.ndarray
+    outs: list[Any] | None
+
+
+def check_batch(batch: LandedBatch) -> list[Any]:
+    """The objects of a landed batch: ``outs[i]``, filled, or where that is None a view of
     ``stage``. Raises CorruptionError for the first record, in key order, that fails its check.
-
-    One row per key: ``table`` (file, offset, size, crc32, version of its entry), ``bare``,
-    ``totals`` (record bytes), ``starts`` (its place in ``stage`` unless ``direct``: read in
-    place), ``addresses`` (where the engine put it), ``moved`` (bytes read), ``files``.
     """
-    if bare.all() and (moved >= totals).all():
-        crcs = crc32_many(addresses, table[:, 2])
+    table, totals, starts, stage = batch.table, batch.totals, batch.starts, batch.stage
+    if batch.bare.all() and (batch.moved >= totals).all():
+        crcs = crc32_many(batch.addresses, table[:, 2])
         if crcs is not None and bool((crcs == table[:, 3]).all()):
-            results: list[Any] = [None] * len(keys) if outs is None else list(outs)
-            for i in np.flatnonzero(~direct).tolist():
+            results: list[Any] = (
+                [None] * len(batch.keys) if batch.outs is None else list(batch.outs)
+            )
+            for i in np.flatnonzero(~batch.direct).tolist():
                 start, size = int(starts[i]), int(totals[i])
                 payload = stage[start : start + size]
                 if results[i] is None:
@@ -60,29 +68,16 @@ def check_batch(
                 else:
                     writable_view(results[i], size)[:] = payload
             return results
-    return _check_each(
-        keys, table, bare, totals, starts, addresses, direct, moved, files, stage, outs
-    )
+    return _check_each(batch)
 
 
-def _check_each(
-    keys: list[str],
-    table: np.ndarray,
-    bare: np.ndarray,
-    totals: np.ndarray,
-    starts: np.ndarray,
-    addresses: np.ndarray,
-    direct: np.ndarray,
-    moved: np.ndarray,
-    files: list[FileHandle],
-    stage: np.ndarray,
-    outs: list[Any] | None,
-) -> list[Any]:
+def _check_each(batch: LandedBatch) -> list[Any]:
     """The checks one record at a time: header records, and finding the first failure."""
+    keys, files, stage, outs = batch.keys, batch.files, batch.stage, batch.outs
     results: list[Any] = []
     rows = zip(
-        table.tolist(), bare.tolist(), totals.tolist(), starts.tolist(), addresses.tolist(),
-        direct.tolist(), moved.tolist(), strict=True,
+        batch.table.tolist(), batch.bare.tolist(), batch.totals.tolist(), batch.starts.tolist(),
+        batch.addresses.tolist(), batch.direct.tolist(), batch.moved.tolist(), strict=True,
     )  # fmt: skip
     for i, (entry, is_bare, total, start, address, is_direct, got) in enumerate(rows):
         _, offset, size, crc, version = entry

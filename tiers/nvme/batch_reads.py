@@ -38,7 +38,7 @@ from tiers.io.batch import READ, IOBatch
 from tiers.io.buffers import aligned_empty
 from tiers.io.engine import FileHandle
 from tiers.io.errors import CorruptionError, EngineClosedError, StorageError
-from tiers.nvme.batch_checks import check_batch
+from tiers.nvme.batch_checks import LandedBatch, check_batch
 from tiers.nvme.catalog import CatalogEntry
 from tiers.nvme.format import HEADER_BYTES, RECORD_ALIGNMENT_BYTES
 from tiers.nvme.records import RecordIO, writable_view
@@ -116,8 +116,10 @@ async def read_batch(
         finally:
             space.unpin_batch(pinned)
         records.bytes_read += int(batch.results.sum())
-        args = (keys, table, bare, totals, starts, addresses, direct, batch.results, files)
-        check = functools.partial(check_batch, *args, stage, outs)
+        landed = LandedBatch(
+            keys, table, bare, totals, starts, addresses, direct, batch.results, files, stage, outs
+        )
+        check = functools.partial(check_batch, landed)
         if int(totals.sum()) >= _OFFLOAD_BYTES:
             results = await records.run_cpu(check)
         else:

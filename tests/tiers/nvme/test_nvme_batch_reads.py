@@ -6,13 +6,13 @@ I/O aimed at its destinations."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.tiers.nvme.helpers import flip_byte
 from tests.tiers.nvme.test_nvme import _GatedReads, assert_space_consistent, lease
 from tiers.io.batch import IOBatch
 from tiers.io.buffers import aligned_empty
@@ -28,19 +28,6 @@ PAGE = 4096
 
 def _data(size: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
-
-
-def _flip(tier: NvmeTier, key: str, at: int) -> None:
-    located = tier.locate(key)
-    assert located is not None
-    path, offset = located
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, offset + at)
-        os.pwrite(fd, bytes([byte[0] ^ 0x20]), offset + at)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_destinations_of_every_kind_in_one_batch(tmp_path: Path) -> None:
@@ -100,7 +87,7 @@ def test_damage_read_in_place_raises(tmp_path: Path, key: str, size: int) -> Non
     async def main() -> None:
         tier = await NvmeTier.open("n", 1 << 20, tmp_path, create=True)
         await tier.put_many({key: _data(size, 1), "other": _data(PAGE, 2)})
-        _flip(tier, key, 100)
+        flip_byte(tier, key, 100)
         with pytest.raises(CorruptionError, match="checksum"):
             await tier.get_many(["other", key], into=[aligned_empty(size), aligned_empty(size)])
         assert tier.stats()["corruptions"] == 1
@@ -217,7 +204,7 @@ def test_large_batches_are_checked_off_the_loop(
         await tier.put_many(values)
         got = await tier.get_many(["a", "b"], into=[aligned_empty(PAGE), None])
         assert [as_bytes(v) for v in got] == list(values.values())
-        _flip(tier, "a", 7)
+        flip_byte(tier, "a", 7)
         with pytest.raises(CorruptionError):
             await tier.get_many(["b", "a"])
         await tier.aclose()

@@ -5,13 +5,13 @@ alone, and a close that waits for gets still queued."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.tiers.nvme.helpers import flip_byte
 from tests.tiers.nvme.test_nvme import lease
 from tiers.io.errors import CorruptionError, InvalidArgumentError
 from tiers.io.threaded import ThreadEngine
@@ -28,18 +28,6 @@ async def _open(tmp_path: Path, engine: ThreadEngine) -> NvmeTier:
     return await NvmeTier.open(
         "n", 4 << 20, tmp_path, runtime=lease(engine), extent_file_bytes=64 * 1024, create=True
     )
-
-
-def _flip(tier: NvmeTier, key: str, at: int) -> None:
-    located = tier.locate(key)
-    assert located is not None
-    path, offset = located
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, offset + at)
-        os.pwrite(fd, bytes([byte[0] ^ 0x10]), offset + at)
-    finally:
-        os.close(fd)
 
 
 def test_concurrent_gets_share_submissions_and_each_gets_its_own_result(tmp_path: Path) -> None:
@@ -77,7 +65,7 @@ def test_a_failing_get_fails_alone(tmp_path: Path) -> None:
         engine = ThreadEngine(8)
         tier = await _open(tmp_path, engine)
         await tier.put_many(values)
-        _flip(tier, "k5", 3000)
+        flip_byte(tier, "k5", 3000, mask=0x10)
         calls: list[Any] = [tier.get(key) for key in values]
         calls.append(tier.get("k1", into=np.zeros(10, np.uint8)))  # too small
         calls.append(tier.get("k2", byte_range=(8000, 500)))  # past the end
