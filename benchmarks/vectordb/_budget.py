@@ -125,7 +125,9 @@ def _finish(
         failed = "" if proc.returncode == 0 else f"exit status {proc.returncode}"
     replies = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     out: dict[str, Any] = {"passes": [r["pass"] for r in replies if "pass" in r]}
-    if replies and "pass" not in replies[-1]:
+    for reply in replies:
+        out.update(reply.get("setting", {}))  # the default setting, said before the passes
+    if replies and "pass" not in replies[-1] and "setting" not in replies[-1]:
         out = replies[-1]  # the worker's last word: everything, its passes included
     if failed or not replies:
         out["failed"] = failed or "no output"

@@ -113,6 +113,8 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
     values = [int(v) for v in args.knobs.split(",") if v]
     if args.system == "ours" and system.default_value not in values:
         values.append(system.default_value)  # the default SearchParams: recall_at_10_single
+    # said at once: a worker the limit kills later still tells which passes are the default's
+    print(json.dumps({"setting": {"default_value": system.default_value}}), file=reply, flush=True)
     counts = {"batch": len(queries), "single": args.single_queries}
     passes, skipped = [], []
     try:
