@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from tiers.io.errors import CorruptionError, EngineClosedError, InvalidArgumentError
@@ -61,11 +61,9 @@ class NvmeReads:
     _gathered: list[_Pending] | None = None  # gets waiting for the gathering task
     _gathering: asyncio.Future[None] | None = None  # that task (a reference keeps it alive)
 
-    def _open_catalog(self) -> Catalog:
-        raise NotImplementedError  # the tier's
-
-    def _file_path(self, file_index: int) -> str:
-        raise NotImplementedError  # the tier's
+    # NvmeTier's methods this half calls (declared, not defined: the tier defines them)
+    _open_catalog: Callable[[], Catalog]
+    _file_path: Callable[[int], str]
 
     async def get(
         self, key: str, *, into: Any = None, byte_range: ByteRange | None = None

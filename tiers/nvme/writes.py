@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,8 +61,7 @@ class NvmeWrites:
     _bare_from: int
     _key_locks: KeyLocks
 
-    def _open_catalog(self) -> Catalog:
-        raise NotImplementedError  # the tier's
+    _open_catalog: Callable[[], Catalog]  # NvmeTier's method (declared, defined there)
 
     async def put(self, key: str, data: Any) -> None:
         check_key(key)
