@@ -148,14 +148,8 @@ class ListCache:
         return pid < len(self._tag_start) and self._tag_start[pid] >= 0
 
     def _set_tag(self, pid: int, start: int, count: int) -> None:
-        if pid >= len(self._tag_start):
-            size = max(pid + 1, 2 * len(self._tag_start), 64)
-            self._tag_start = np.concatenate(
-                [self._tag_start, np.full(size - len(self._tag_start), -1, np.int64)]
-            )
-            self._tag_count = np.concatenate(
-                [self._tag_count, np.zeros(size - len(self._tag_count), np.int64)]
-            )
+        self._tag_start = _grown(self._tag_start, pid + 1, -1)
+        self._tag_count = _grown(self._tag_count, pid + 1, 0)
         self._lists += not self._has(pid)
         self._tag_start[pid], self._tag_count[pid] = start, count
 
@@ -169,11 +163,7 @@ class ListCache:
     def _note_wanted(self, pids: np.ndarray) -> None:
         if len(pids) == 0:
             return
-        top = int(pids.max()) + 1
-        if top > len(self._wanted):
-            grown = np.zeros(max(top, 2 * len(self._wanted)), np.uint16)
-            grown[: len(self._wanted)] = self._wanted
-            self._wanted = grown
+        self._wanted = _grown(self._wanted, int(pids.max()) + 1, 0)
         self._wanted[pids] += 1  # a read names a list once; halved below long before 65,535
         self._wanted_events += len(pids)
         if self._wanted_events > 10 * len(self._wanted) or self._wanted[pids].max() > 60_000:
@@ -198,3 +188,13 @@ class ListCache:
             await self._tier.aclose()
         self._tag_start[:] = -1
         self._lists = 0
+
+
+def _grown(array: np.ndarray, length: int, fill: int) -> np.ndarray:
+    """``array`` itself if it holds ``length`` entries, else a copy at least twice as long,
+    the new entries ``fill`` (pids grow as heads split)."""
+    if length <= len(array):
+        return array
+    grown = np.full(max(length, 2 * len(array), 64), fill, array.dtype)
+    grown[: len(array)] = array
+    return grown
