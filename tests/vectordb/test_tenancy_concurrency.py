@@ -1,0 +1,193 @@
+"""Tenant searches running while another task grants, revokes, inserts with tenants, deletes
+and drops tenants (issue 15): no result is ever outside its tenant's access. A search may see
+any state between its start and its end, so a result must be readable by its tenant in at
+least one state from the last acknowledged one at its start (or the one then in flight) to the
+one at its end. Small concurrent searches of different tenants are gathered into shared batches
+(vectordb.gather): each must still get its own tenant's answer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.vectordb.helpers import clustered
+from tests.vectordb.tenancy_check import (
+    EXACT,
+    Model,
+    assert_exact,
+    assert_index_matches,
+    assert_no_leaks,
+)
+from vectordb import IndexConfig, SearchParams, SpannIndex
+from vectordb.metric import Metric
+
+DIM = 8
+N = 600
+TENANTS: list[Any] = [0, 1, 2, 5, "5", "red", "blue", 10**12, "x"]
+CONFIG = IndexConfig(
+    dim=DIM,
+    posting_limit=24,
+    merge_threshold=3,
+    reassign_neighbours=8,
+    tenancy=True,
+    shortlist_limit=3,
+    tenant_leaf_size=3,
+    tenant_tree_branching=3,
+)
+
+
+def _base() -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:
+    rng = np.random.default_rng(1)
+    weights = np.array([0.3, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02, 0.01, 0.0])
+    rows = [[TENANTS[j] for j in np.flatnonzero(rng.random(len(TENANTS)) < weights)]
+            for _ in range(N)]  # fmt: skip
+    return np.arange(N, dtype=np.int64), clustered(N, DIM, seed=1, clusters=8), rows
+
+
+class History:
+    """Every access state the writer has passed through or is about to reach: states[v] is the
+    tenant -> readable ids map after v operations (the last one may still be in flight)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.states = [model.snapshot()]
+        self.in_flight = False  # whether states[-1] is an operation not yet acknowledged
+
+    def start(self) -> int:
+        """The first state a search starting now may see: the last acknowledged one."""
+        return len(self.states) - 1 - self.in_flight
+
+    def end(self) -> int:
+        """The last state a search ending now may see (the one in flight, if any)."""
+        return len(self.states) - 1
+
+    def allowed(self, start: int, end: int) -> Any:
+        """A tenant's ids readable in some state from ``start`` to ``end``."""
+        states = self.states[start : end + 1]
+
+        def of(tenant: Any) -> set[int]:
+            return set().union(*(s.get(tenant, frozenset()) for s in states))
+
+        return of
+
+
+async def _writer(index: SpannIndex, history: History, ops: int, done: asyncio.Event) -> None:
+    rng = np.random.default_rng(7)
+    model = history.model
+    next_id = 10_000
+    try:
+        for step in range(ops):
+            tenant = TENANTS[int(rng.integers(len(TENANTS)))]
+            live = sorted(model.vectors)
+            roll = rng.random()
+            if roll < 0.4:
+                ids = rng.choice(live, int(rng.integers(1, 40)), replace=False)
+                op: tuple[Any, ...] = ("grant", ids, tenant)
+            elif roll < 0.75:
+                mine = sorted(model.readable(tenant)) or live
+                ids = rng.choice(mine, min(len(mine), int(rng.integers(1, 40))), replace=False)
+                op = ("revoke", ids, tenant)
+            elif roll < 0.85:
+                n = int(rng.integers(1, 10))
+                vectors = clustered(n, DIM, seed=step, clusters=8)
+                rows = [[tenant, TENANTS[int(rng.integers(len(TENANTS)))]] for _ in range(n)]
+                op = ("insert", np.arange(next_id, next_id + n), vectors, rows)
+                next_id += n
+            elif roll < 0.95:
+                op = ("delete", rng.choice(live, 5, replace=False))
+            else:
+                op = ("delete_tenant", tenant)
+            pending = model.copy()
+            pending.apply(op)
+            history.states.append(pending.snapshot())
+            history.in_flight = True
+            kind, *args = op
+            if kind == "insert":
+                await index.insert(args[0], args[1], tenants=args[2])
+            else:
+                await getattr(index, kind)(*args)
+            model.apply(op)
+            history.in_flight = False
+            if step == ops // 2:
+                await index.checkpoint()  # while searches run
+            if step % 3 == 0:
+                await asyncio.sleep(0)
+    finally:
+        done.set()
+
+
+async def _reader(
+    index: SpannIndex, history: History, done: asyncio.Event, seed: int, batch: int
+) -> tuple[int, int]:
+    """Searches until the writer is done; returns (searches, searches that saw a change)."""
+    rng = np.random.default_rng(seed)
+    searches = overlapped = 0
+    params = [None, SearchParams(tenant_candidates=4), EXACT]
+    while not done.is_set():
+        n = int(rng.integers(1, batch + 1))
+        tenants = [TENANTS[int(j)] for j in rng.integers(len(TENANTS), size=n)]
+        queries = clustered(n, DIM, seed=int(rng.integers(1 << 30)), clusters=8)
+        start = history.start()
+        found, _ = await index.search(
+            queries, int(rng.integers(1, 15)), params[searches % 3], tenant=tenants
+        )
+        end = history.end()
+        assert_no_leaks(found, tenants, history.allowed(start, end), f"states {start}-{end}: ")
+        searches += 1
+        overlapped += start != end
+    return searches, overlapped
+
+
+def test_searches_during_grants_and_revokes_never_leak(tmp_path: Path) -> None:
+    async def main() -> None:
+        ids, vectors, rows = _base()
+        model = Model()
+        model.insert(ids.tolist(), vectors, rows)
+        async with await SpannIndex.create(tmp_path / "i", CONFIG) as index:
+            await index.build(ids, vectors, tenants=rows)
+            history = History(model)
+            done = asyncio.Event()
+            readers = [
+                asyncio.create_task(_reader(index, history, done, seed, batch))
+                for seed, batch in enumerate([1, 1, 1, 1, 2, 8, 40])
+            ]
+            await _writer(index, history, 300, done)
+            counts = await asyncio.gather(*readers)
+            assert sum(s for s, _ in counts) > 100, counts
+            assert sum(o for _, o in counts) > 20, f"too few searches overlapped a write {counts}"
+            await assert_index_matches(index, model, TENANTS, range(N), "after the run: ")
+
+    asyncio.run(main())
+
+
+def test_gathered_single_searches_of_different_tenants_get_their_own_answers(
+    tmp_path: Path,
+) -> None:
+    """Dozens of one-query searches at once, each for another tenant (the gatherer batches
+    them): each equals brute force over its own tenant."""
+
+    async def main() -> None:
+        ids, vectors, rows = _base()
+        model = Model()
+        model.insert(ids.tolist(), vectors, rows)
+        queries = clustered(64, DIM, seed=3, clusters=8)
+        tenants = [TENANTS[q % len(TENANTS)] for q in range(64)]
+        async with await SpannIndex.create(tmp_path / "i", CONFIG) as index:
+            await index.build(ids, vectors, tenants=rows)
+            for params in (EXACT, None):
+                before = index.stats()["gathered_queries"]
+                results = await asyncio.gather(
+                    *(index.search(queries[q : q + 1], 7, params, tenant=tenants[q])
+                      for q in range(64))
+                )  # fmt: skip
+                assert index.stats()["gathered_queries"] > before, "nothing was gathered"
+                found = np.concatenate([r.ids for r in results])
+                assert_no_leaks(found, tenants, model.readable)
+                if params is EXACT:
+                    scores = np.concatenate([r.scores for r in results])
+                    assert_exact(Metric.L2, model, queries, 7, tenants, (found, scores))
+
+    asyncio.run(main())
