@@ -1,0 +1,404 @@
+"""Our index in the tenancy benchmark: its builds, two searched systems and the update timings.
+
+* builds (made by the parent, cached under benchmarks/out/vectordb/tenancy/spann/<set>[-tenancy]-
+  <code>/ like _ours.py's: a change to vectordb/*.py rebuilds, a ``BUILT`` stamp marks a whole
+  build): ``SpannIndex.create(dir, IndexConfig(dim, metric="cosine", tenancy=True))`` then
+  ``build(None, vectors, tenants=(indptr, tenant ids))``; and the same index without tenancy.
+* ``ours``: the tenancy index, ``search(queries, 10, SearchParams(tenant_candidates=c),
+  tenant=[one tenant per query])``, knob c (None: the index's default; 0: every shortlist of the
+  tenant, exact). Cold: every file of the index dropped from the page cache before a timed pass.
+* ``shared_filter``: the index without tenancy with the filter applied to what it returns,
+  probes grown until k results: a query is searched for k' = 100 results reading
+  ``max_postings`` = knob x the default lists; its results are filtered by the tenant's access
+  list; a query left with fewer than k allowed results is searched again with 4x k' and 4x the
+  lists (no pruning), until it has k or has seen the whole index. A batch does the rounds for
+  all its unfinished queries at once. Resident bytes: the index plus the access lists it filters
+  with (8 bytes a pair).
+* ``ours_updates``: on a scratch copy of the tenancy build, grant / revoke / insert / delete_tenant
+  timings (batched: 1,000 ids per call, per pair; single: one id per call), ``count`` checked
+  against the harness's own model and searches after every step checked for leaks; plus insert
+  timings on a copy of the build without tenancy, for comparison.
+
+Only ``tenancy_supported()`` commits have the API (issue 15); before it lands the parent skips
+ours and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import vectordb
+from benchmarks.vectordb._common import drop_page_cache, log
+from benchmarks.vectordb._ours import _remove_stale_builds
+from benchmarks.vectordb._ours import code_hash as _flat_code_hash
+from benchmarks.vectordb._tenancy_peers import Context, K
+from vectordb import IndexConfig, SearchParams, SpannIndex, default_postings
+
+_FIRST_KPRIME = 100
+_GROWTH = 4
+_MAX_RESULT_CELLS = 16_000_000  # rows x k' of one filtered round (ids + scores: ~200 MB)
+
+
+@functools.cache
+def code_hash() -> str:
+    """_ours.code_hash (which imports every vectordb module first) over vectordb/**/*.py: the
+    tenancy code lives in a subpackage, which _ours.code_hash does not read."""
+    _flat_code_hash()
+    digest = hashlib.sha256()
+    root = Path(vectordb.__file__).resolve().parent
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode() + source.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def tenancy_supported() -> bool:
+    fields = {f.name for f in dataclasses.fields(IndexConfig)}
+    return "tenancy" in fields and hasattr(SpannIndex, "grant")
+
+
+def index_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def index_files(directory: Path) -> list[str]:
+    return [str(f) for f in directory.rglob("*") if f.is_file()]
+
+
+async def _build(directory: Path, base: np.ndarray, tenants: Any, config: IndexConfig) -> float:
+    start = time.perf_counter()
+    index = await SpannIndex.create(directory, config)
+    try:
+        if tenants is None:
+            await index.build(None, base, progress=True)
+        else:
+            await index.build(None, base, tenants=tenants, progress=True)
+    finally:
+        await index.aclose()
+    build_s = time.perf_counter() - start
+    (directory / "BUILT").write_text(f"{build_s:.3f}\n")
+    return build_s
+
+
+def cached_build(
+    runner: asyncio.Runner,
+    cache_dir: Path,
+    name: str,
+    base: np.ndarray,
+    tenants: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[Path, float]:
+    """(directory, build seconds) of our index of ``base``, with tenancy when ``tenants``."""
+    tag = f"{name}{'-tenancy' if tenants is not None else ''}"
+    directory = cache_dir / f"{tag}-{code_hash()}"
+    stamp = directory / "BUILT"
+    if stamp.exists():
+        log(f"ours: reusing the build in {directory}")
+        return directory, float(stamp.read_text())
+    options: dict[str, Any] = {"tenancy": True} if tenants is not None else {}
+    config = IndexConfig(dim=base.shape[1], metric="cosine", **options)
+    log(f"ours: building {len(base):,} vectors into {directory}")
+    _remove_stale_builds(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    build_s = runner.run(_build(directory, np.ascontiguousarray(base), tenants, config))
+    log(f"ours: built in {build_s:.1f} s")
+    return directory, build_s
+
+
+class Ours:
+    """The tenancy index; knob ``tenant_candidates``."""
+
+    name, knob = "ours", "tenant_candidates"
+
+    def __init__(self, ctx: Context, directory: str) -> None:
+        self.ctx, self.directory = ctx, Path(directory)
+        self.runner = asyncio.Runner()
+        self.index = self.runner.run(SpannIndex.open(directory))
+
+    def values(self, requested: list[str]) -> list[Any]:
+        return [None if v == "default" else int(v) for v in requested]
+
+    def _params(self, value: Any) -> SearchParams:
+        if value is None:
+            return SearchParams()
+        return SearchParams(tenant_candidates=value)
+
+    def _search(self, queries: np.ndarray, tenants: list[Any], value: Any) -> np.ndarray:
+        search = self.index.search(queries, K, self._params(value), tenant=tenants)
+        return np.asarray(self.runner.run(search)[0])
+
+    def batch(self, rows: np.ndarray, value: Any, deadline: float) -> tuple[np.ndarray, int]:
+        return self._search(self.ctx.queries[rows], self.ctx.row_tenant[rows].tolist(), value), 0
+
+    def single(self, row: int, value: Any) -> np.ndarray:
+        tenant = int(self.ctx.row_tenant[row])
+        return self._search(self.ctx.queries[row : row + 1], [tenant], value)[0]
+
+    def cold(self, rows: np.ndarray) -> None:
+        drop_page_cache(index_files(self.directory))
+
+    def figures(self) -> dict[str, Any]:
+        stats = self.index.stats()
+        keep = ("resident_bytes", "tenant_resident_bytes", "tenant_disk_bytes", "tenants")
+        out = {key: stats[key] for key in (*keep, "access_pairs", "shortlists") if key in stats}
+        out["disk_bytes"] = index_bytes(self.directory)
+        out["n_heads"] = stats["n_heads"]
+        return out
+
+    def close(self) -> None:
+        self.runner.run(self.index.aclose())
+        self.runner.close()
+
+
+class SharedFilter:
+    """The index without tenancy, its results filtered, probes grown until k results."""
+
+    name, knob = "shared_filter", "postings_x_default"
+
+    def __init__(self, ctx: Context, directory: str) -> None:
+        self.ctx, self.directory = ctx, Path(directory)
+        self.runner = asyncio.Runner()
+        self.index = self.runner.run(SpannIndex.open(directory))
+        stats = self.index.stats()
+        self.heads, self.live = int(stats["n_heads"]), int(stats["n_vectors"])
+        self.default = default_postings(self.heads)
+
+    def values(self, requested: list[str]) -> list[Any]:
+        return [float(v) for v in requested]
+
+    def _round(self, queries: np.ndarray, kprime: int, postings: int, first: bool) -> np.ndarray:
+        params = SearchParams(max_postings=postings)  # later rounds: no pruning either
+        if not first:
+            params = SearchParams(max_postings=postings, prune_ratio=float("inf"))
+        chunk = max(1, _MAX_RESULT_CELLS // kprime)
+        parts = []
+        for start in range(0, len(queries), chunk):
+            found = self.runner.run(
+                self.index.search(queries[start : start + chunk], kprime, params)
+            )
+            parts.append(np.asarray(found[0]))
+        return np.concatenate(parts)
+
+    def _filtered(self, rows: np.ndarray, value: float, deadline: float) -> tuple[np.ndarray, int]:
+        out = np.full((len(rows), K), -1, np.int64)
+        todo = np.arange(len(rows))
+        kprime, postings, first = _FIRST_KPRIME, max(1, round(value * self.default)), True
+        while len(todo):
+            found = self._round(self.ctx.queries[rows[todo]], kprime, postings, first)
+            left = []
+            for where, ids in zip(todo, found, strict=True):
+                docs = self.ctx.docs_of(int(self.ctx.row_tenant[rows[where]]))
+                ids = ids[ids >= 0]
+                slot = np.minimum(np.searchsorted(docs, ids), max(len(docs) - 1, 0))
+                allowed = ids[docs[slot] == ids] if len(docs) else ids[:0]
+                out[where, : min(K, len(allowed))] = allowed[:K]
+                if len(allowed) < K and len(allowed) < len(docs):
+                    left.append(where)
+            exhausted = kprime >= self.live and postings >= self.heads
+            if exhausted or time.perf_counter() > deadline:
+                return out, 0 if exhausted else len(left)
+            todo = np.array(left, np.int64)
+            kprime = min(self.live, kprime * _GROWTH)
+            postings = min(self.heads, postings * _GROWTH)
+            first = False
+        return out, 0
+
+    def batch(self, rows: np.ndarray, value: Any, deadline: float) -> tuple[np.ndarray, int]:
+        return self._filtered(rows, value, deadline)
+
+    def single(self, row: int, value: Any) -> np.ndarray:
+        return self._filtered(np.array([row]), value, float("inf"))[0][0]
+
+    def cold(self, rows: np.ndarray) -> None:
+        drop_page_cache(index_files(self.directory))
+
+    def figures(self) -> dict[str, Any]:
+        stats = self.index.stats()
+        pairs = int(self.ctx.t_indptr[-1])
+        return {
+            "resident_bytes": int(stats["resident_bytes"]) + 8 * pairs,
+            "index_resident_bytes": int(stats["resident_bytes"]),
+            "disk_bytes": index_bytes(self.directory),
+            "default_max_postings": self.default,
+            "n_heads": self.heads,
+        }
+
+    def close(self) -> None:
+        self.runner.run(self.index.aclose())
+        self.runner.close()
+
+
+# ----------------------------------------------------------------------------- updates
+
+_BATCH = 1000
+_BATCHES = 5
+_SINGLES = 200
+
+
+def _us(seconds: list[float], per: int = 1) -> float:
+    return round(statistics.median(seconds) / per * 1e6, 2)
+
+
+async def _timed(coro: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = await coro
+    return result, time.perf_counter() - start
+
+
+class _Model:
+    """The harness's own access model of the tenants the update phase touches."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.readers: dict[Any, set[int]] = {}
+
+    def of(self, tenant: Any) -> set[int]:
+        if tenant not in self.readers:
+            docs = self.ctx.docs_of(tenant) if isinstance(tenant, int) else np.zeros(0, np.int64)
+            self.readers[tenant] = {int(d) for d in docs}
+        return self.readers[tenant]
+
+
+async def _leaks(index: Any, model: _Model, tenant: Any, queries: np.ndarray) -> tuple[int, int]:
+    """(results the model says ``tenant`` may not read, count() minus the model's count)."""
+    found = await index.search(queries, K, SearchParams(), tenant=tenant)
+    allowed = model.of(tenant)
+    ids = np.asarray(found[0])
+    leaks = sum(int(i) not in allowed for i in ids[ids >= 0])
+    return leaks, int(index.count(tenant)) - len(allowed)
+
+
+async def _updates(ctx: Context, tenancy_dir: Path, plain_dir: Path, scratch: Path) -> dict:
+    rng = np.random.default_rng(5)
+    n = len(ctx.base)
+    batch = min(_BATCH, max(1, n // 20))  # a tiny (smoke) set gets smaller batches
+    singles_n = min(_SINGLES, max(1, n // 20))
+    sizes = np.diff(ctx.t_indptr)
+    tenant = int(np.flatnonzero(sizes >= np.median(sizes[sizes > 0]))[0])  # a mid-size tenant
+    probe = ctx.queries[rng.choice(len(ctx.queries), min(20, len(ctx.queries)), replace=False)]
+    new_vectors = ctx.base[rng.choice(n, batch * _BATCHES + singles_n, replace=False)]
+    new_vectors = new_vectors + 0.05 * rng.standard_normal(new_vectors.shape).astype(np.float32)
+    new_vectors /= np.linalg.norm(new_vectors, axis=1, keepdims=True)
+    out: dict[str, Any] = {"tenant": tenant, "batch": batch}
+    leaks, count_errors = 0, 0
+    model = _Model(ctx)
+
+    async def check(who: Any) -> None:
+        nonlocal leaks, count_errors
+        leak, off = await _leaks(index, model, who, probe)
+        leaks += leak
+        count_errors += off != 0
+
+    work = scratch / "ours-tenancy"
+    shutil.rmtree(work, ignore_errors=True)
+    start = time.perf_counter()
+    shutil.copytree(tenancy_dir, work)
+    out["copy_s"] = round(time.perf_counter() - start, 2)
+    index: Any = await SpannIndex.open(work)
+    try:
+        await check(tenant)
+        others = np.setdiff1d(np.arange(n), ctx.docs_of(tenant))
+        chosen = rng.choice(others, batch * _BATCHES + singles_n, replace=False)
+        batches, singles = chosen[: batch * _BATCHES], chosen[batch * _BATCHES :]
+        timings: dict[str, list[float]] = {}
+        for part in np.split(batches, _BATCHES):  # grant 1,000 ids to a tenant per call
+            granted, took = await _timed(index.grant(part, tenant))
+            timings.setdefault("grant_batch", []).append(took / max(granted, 1))
+            model.of(tenant).update(int(i) for i in part)
+        for doc in singles:
+            _, took = await _timed(index.grant([int(doc)], tenant))
+            timings.setdefault("grant_single", []).append(took)
+            model.of(tenant).add(int(doc))
+        await check(tenant)
+        for part in np.split(batches, _BATCHES):
+            removed, took = await _timed(index.revoke(part, tenant))
+            timings.setdefault("revoke_batch", []).append(took / max(removed, 1))
+            model.of(tenant).difference_update(int(i) for i in part)
+        for doc in singles:
+            _, took = await _timed(index.revoke([int(doc)], tenant))
+            timings.setdefault("revoke_single", []).append(took)
+            model.of(tenant).discard(int(doc))
+        await check(tenant)
+        # a new tenant named by a string, granted in batches: it reads exactly those ids
+        fresh = "bench-new-tenant"
+        for part in np.split(batches, _BATCHES):
+            await index.grant(part, fresh)
+            model.of(fresh).update(int(i) for i in part)
+        await check(fresh)
+        # inserts: each new vector readable by the mid-size tenant and the new one
+        next_id = n + 10
+        for step in range(_BATCHES):
+            rows = new_vectors[step * batch : (step + 1) * batch]
+            ids = np.arange(next_id, next_id + len(rows))
+            _, took = await _timed(index.insert(ids, rows, tenants=[[tenant, fresh]] * len(rows)))
+            timings.setdefault("insert_batch", []).append(took / len(rows))
+            model.of(tenant).update(map(int, ids))
+            model.of(fresh).update(map(int, ids))
+            next_id += len(rows)
+        for row in new_vectors[batch * _BATCHES :]:
+            _, took = await _timed(index.insert([next_id], row[None], tenants=[[tenant]]))
+            timings.setdefault("insert_single", []).append(took)
+            model.of(tenant).add(next_id)
+            next_id += 1
+        await check(tenant)
+        await check(fresh)
+        # a tenant dropped: reads nothing afterwards
+        dropped, took = await _timed(index.delete_tenant(fresh))
+        out["delete_tenant_us"] = round(took * 1e6, 1)
+        out["delete_tenant_pairs"] = int(dropped)
+        model.readers[fresh] = set()
+        await check(fresh)
+        # survives a reopen: the same answers from the log
+        await index.aclose()
+        index = await SpannIndex.open(work)
+        await check(tenant)
+        await check(fresh)
+        for key, values in timings.items():
+            out[f"{key}_us"] = _us(values)
+        out["stats"] = {k: v for k, v in index.stats().items() if k.startswith("tenant")}
+    finally:
+        await index.aclose()
+        shutil.rmtree(work, ignore_errors=True)
+    out["leaks"], out["count_errors"] = leaks, count_errors
+    out.update(await _plain_inserts(plain_dir, scratch, new_vectors, n + 10, batch))
+    return out
+
+
+async def _plain_inserts(
+    plain_dir: Path, scratch: Path, vectors: np.ndarray, first: int, batch: int
+) -> dict:
+    work = scratch / "ours-plain"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(plain_dir, work)
+    index = await SpannIndex.open(work)
+    batched: list[float] = []
+    single: list[float] = []
+    try:
+        next_id = first
+        for part in range(_BATCHES):
+            rows = vectors[part * batch : (part + 1) * batch]
+            start = time.perf_counter()
+            await index.insert(np.arange(next_id, next_id + len(rows)), rows)
+            batched.append((time.perf_counter() - start) / len(rows))
+            next_id += len(rows)
+        for row in vectors[batch * _BATCHES :]:
+            start = time.perf_counter()
+            await index.insert([next_id], row[None])
+            single.append(time.perf_counter() - start)
+            next_id += 1
+    finally:
+        await index.aclose()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"plain_insert_batch_us": _us(batched), "plain_insert_single_us": _us(single)}
+
+
+def update_timings(ctx: Context, tenancy_dir: str, plain_dir: str, scratch: str) -> dict:
+    return asyncio.run(_updates(ctx, Path(tenancy_dir), Path(plain_dir), Path(scratch)))

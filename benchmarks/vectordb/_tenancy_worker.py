@@ -1,0 +1,165 @@
+r"""One system of the tenancy benchmark, in a process of its own (started by tenancy.py).
+
+    python -m benchmarks.vectordb._tenancy_worker --system ours --manifest M.json \
+        --index DIR --knobs 256,512,default --out IDS.npz [--single-rows 50] [--pass-s 60]
+
+The manifest names the base vectors (.npy, memory-mapped), the access model (CSR .npz:
+``indptr``, ``indices``) and the rows (.npz: ``queries``, ``tenant``, ``cls``). Per knob value
+and selectivity class: the system's files dropped from the page cache, then one timed ``batch``
+pass over the class's rows; then ``single`` passes (one query per call, cold first) over the first
+``--single-rows`` rows of each class. The ids found go to ``--out`` (the parent scores them
+against the ground truth and the access model: a worker never sees the ground truth); the
+timings, the system's memory and disk figures and the process's peak RSS are the one JSON line
+on stdout. ``--system ours_updates`` times grants, revokes and inserts instead (_tenancy_ours.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def load_context(manifest_path: str) -> Any:
+    from benchmarks.vectordb._tenancy_data import tenant_csr
+    from benchmarks.vectordb._tenancy_peers import Context
+
+    with open(manifest_path) as stream:
+        manifest = json.load(stream)
+    access = np.load(manifest["access"])
+    rows = np.load(manifest["rows"])
+    t_indptr, t_docs = tenant_csr(access["indptr"], access["indices"])
+    ctx = Context(
+        np.load(manifest["base"], mmap_mode="r"),
+        np.ascontiguousarray(rows["queries"], np.float32),
+        rows["tenant"].astype(np.int64),
+        t_indptr,
+        t_docs,
+    )
+    return ctx, rows["cls"].astype(np.int64)
+
+
+def make(name: str, ctx: Any, index: str) -> Any:
+    if name == "ours":
+        from benchmarks.vectordb._tenancy_ours import Ours
+
+        return Ours(ctx, index)
+    if name == "shared_filter":
+        from benchmarks.vectordb._tenancy_ours import SharedFilter
+
+        return SharedFilter(ctx, index)
+    from benchmarks.vectordb import _tenancy_peers as peers
+
+    if name == "faiss_ivf_filter":
+        return peers.FilteredIvf(ctx, index)
+    if name == "per_tenant_ram":
+        return peers.PerTenantRam(ctx)
+    if name == "per_tenant_disk":
+        return peers.PerTenantDisk(ctx, index)
+    raise ValueError(f"unknown system {name!r}")
+
+
+def label(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    ctx, classes = load_context(args.manifest)
+    system = make(args.system, ctx, args.index)
+    passes: list[dict[str, Any]] = []
+    found: dict[str, Any] = {}
+    try:
+        values = system.values(args.knobs.split(",") if args.knobs else [])
+        by_class = [(int(c), np.flatnonzero(classes == c)) for c in np.unique(classes)]
+        for value in values:
+            for cls, rows in by_class:
+                system.cold(rows)
+                start = time.perf_counter()
+                ids, cut = system.batch(rows, value, start + args.pass_s)
+                wall_s = time.perf_counter() - start
+                key = f"batch|{label(value)}|{cls}"
+                found[key], found[key + "|rows"] = ids, rows
+                passes.append(
+                    {
+                        "mode": "batch",
+                        "value": label(value),
+                        "cls": cls,
+                        "rows": len(rows),
+                        "wall_s": wall_s,
+                        "cut": cut,
+                    }
+                )
+                print(
+                    f"[{system.name}] batch {system.knob}={label(value)} class {cls}: "
+                    f"{len(rows) / wall_s:,.0f} QPS",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        for value in values if args.single_rows else []:
+            for cls, rows in by_class:
+                sample = rows[: args.single_rows]
+                system.cold(sample)
+                ids = np.full((len(sample), 10), -1, np.int64)
+                latencies = []
+                deadline = time.perf_counter() + args.pass_s
+                for i, row in enumerate(sample):
+                    start = time.perf_counter()
+                    if start > deadline:
+                        break
+                    ids[i] = system.single(int(row), value)
+                    latencies.append(time.perf_counter() - start)
+                key = f"single|{label(value)}|{cls}"
+                done = len(latencies)
+                found[key], found[key + "|rows"] = ids[:done], sample[:done]
+                passes.append(
+                    {
+                        "mode": "single",
+                        "value": label(value),
+                        "cls": cls,
+                        "rows": done,
+                        "wall_s": float(sum(latencies)),
+                        "p50_ms": float(np.median(latencies) * 1e3) if done else None,
+                        "cut": len(sample) - done,
+                    }
+                )
+        figures = system.figures()
+    finally:
+        system.close()
+    np.savez(args.out, **found)
+    return {"system": system.name, "knob": system.knob, "passes": passes, "figures": figures}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="one system of the tenancy benchmark")
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--index", default="", help="the system's index (directory or file)")
+    parser.add_argument("--plain", default="", help="ours_updates: the build without tenancy")
+    parser.add_argument("--scratch", default="", help="ours_updates: where copies go")
+    parser.add_argument("--knobs", default="")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--single-rows", type=int, default=0)
+    parser.add_argument("--pass-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    reply = os.fdopen(os.dup(1), "w")  # our JSON line only: C++ printf output goes to stderr
+    os.dup2(2, 1)
+    if args.system == "ours_updates":
+        from benchmarks.vectordb._tenancy_ours import update_timings
+
+        ctx, _ = load_context(args.manifest)
+        out: dict[str, Any] = {"system": "ours_updates"}
+        out["updates"] = update_timings(ctx, args.index, args.plain, args.scratch)
+    else:
+        out = measure(args)
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(out), file=reply, flush=True)
+
+
+if __name__ == "__main__":
+    main()
