@@ -10,6 +10,10 @@ write-ahead log first.
     await index.build(ids, vectors)
     ids, scores = await index.search(queries, k=10)  # a SearchResult: .degraded, .skipped_lists
     await index.insert(new_ids, new_vectors); await index.delete(old_ids)
+    # multi-tenant (IndexConfig(..., tenancy=True); vectordb.tenancy): access in the engine
+    await index.insert(ids, vectors, tenants=[["acme"], ["acme", 7]])
+    await index.grant(ids, "globex"); await index.revoke(ids, 7); index.count("acme")
+    ids, scores = await index.search(queries, k=10, tenant="acme")  # or one tenant per query
     await index.aclose()
 """
 
@@ -18,6 +22,7 @@ from vectordb.errors import (
     DuplicateIdError,
     IndexClosedError,
     IndexConfigError,
+    InvalidTenantError,
     InvalidVectorsError,
 )
 from vectordb.index import SpannIndex
@@ -30,6 +35,7 @@ __all__ = [
     "IndexClosedError",
     "IndexConfig",
     "IndexConfigError",
+    "InvalidTenantError",
     "InvalidVectorsError",
     "Metric",
     "RepairReport",

@@ -43,11 +43,12 @@ def posting_capacity(n_records: int, limit: int) -> int:
 
 
 async def build(
-    index: SpannIndex, ids: Any, vectors: Any, *, progress: bool, batch_rows: int
+    index: SpannIndex, ids: Any, vectors: Any, tenants: Any, *, progress: bool, batch_rows: int
 ) -> None:
     if index.versions.live_count or index.navigator.n_heads:
         raise IndexConfigError("build needs an empty index; use insert to add to this one")
     ids, vectors = validate_batch(ids, vectors, index.config)
+    access = _tenant_rows(index, tenants, len(ids))
     if len(ids) == 0:
         return
     config = index.config
@@ -69,9 +70,20 @@ async def build(
     versions = np.ones(len(ids), np.uint32)
     await _write_lists(index, rows, pid_of, ids, versions, stored, progress)
     index.versions.set(ids, versions)
+    if index.tenancy is not None:
+        await index.tenancy.build(ids, vectors, access)
     from vectordb.checkpoint import checkpoint
 
     await checkpoint(index)
+
+
+def _tenant_rows(index: SpannIndex, tenants: Any, n: int) -> Any:
+    if index.tenancy is None and tenants is None:
+        return None
+    from vectordb.tenancy import logged, tenant_rows
+
+    logged.require(index)
+    return tenant_rows(tenants, n)
 
 
 def _trim(

@@ -19,6 +19,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from vectordb.meta import Checkpoint
+from vectordb.tenancy import logged
+from vectordb.tenancy.wal_records import TENANT_KINDS
 from vectordb.version_map import VersionMap
 from vectordb.wal import DELETE
 
@@ -31,6 +33,8 @@ __all__ = ["checkpoint", "load_checkpoint", "write_checkpoint"]
 async def checkpoint(index: SpannIndex) -> None:
     async with index.update_lock:
         await index.store.sync()
+        if index.tenancy is not None:
+            await index.tenancy.store.lists.sync()
         await index.wal.start_segment(index.wal.seq + 1)
         await write_checkpoint(index)
         index.wal.drop_segments_before(index.wal.seq)
@@ -62,6 +66,10 @@ async def write_checkpoint(index: SpannIndex) -> None:
         "posting_capacity": directory["capacity"],
         "posting_count": directory["count"],
     }
+    if index.tenancy is not None:
+        tenancy_state, tenancy_arrays = index.tenancy.snapshot()
+        state["tenancy"] = tenancy_state
+        arrays.update(tenancy_arrays)
     snapshot = Checkpoint(index.config.to_dict(), state, arrays)
     await index.runtime.run_blocking(index.meta.write, snapshot)
     index.checkpointed_lsn = lsn
@@ -80,12 +88,18 @@ async def load_checkpoint(index: SpannIndex) -> None:
     )
     index.next_pid = int(saved.state["next_pid"])
     index.wal.next_lsn = int(saved.state["next_lsn"])  # the log runs on from it, one a record
+    if index.tenancy is not None and "tenancy" in saved.state:
+        index.tenancy.restore(saved.state["tenancy"], arrays)
     config = index.config
     async for record in index.wal.recover(
         int(saved.state["wal_seq"]), config.dim, config.numpy_dtype
     ):
         if record.kind == DELETE:
             index.versions.delete(record.ids)
+            if index.tenancy is not None:
+                await index.tenancy.apply_delete(record.ids)
+        elif record.kind in TENANT_KINDS:
+            await logged.replay(index, record)
         else:
             assert record.vectors is not None
             fresh = ~index.versions.is_live(record.ids)  # replay is idempotent

@@ -61,12 +61,17 @@ _INDEX_FIELDS: dict[str, Check] = {
     "navigator": choice(("auto", "flat", "hnsw")),
     "checkpoint_wal_bytes": integer(1),
     "seed": integer(0),  # numpy's generators take no negative seed
+    "tenancy": boolean,
+    "shortlist_limit": integer(1),
+    "tenant_tree_branching": integer(2, 256),
+    "tenant_leaf_size": integer(1),
 }
 _SEARCH_FIELDS: dict[str, Check] = {
     "max_postings": optional(integer(1)),
     "prune_ratio": number(1.0),  # inf: no pruning
     "shared_postings": optional(integer(0)),
     "strict": boolean,
+    "tenant_candidates": optional(integer(0)),
 }
 
 
@@ -95,6 +100,15 @@ class IndexConfig:
     navigator: str = "auto"  # "flat", "hnsw" or "auto" (hnsw above 20k heads)
     checkpoint_wal_bytes: int = 64 << 20  # checkpoint once the write-ahead log is this long
     seed: int = 0
+    # multi-tenant access (vectordb.tenancy): every vector carries the tenants that may read it,
+    # each tenant's vectors are also kept in Curator-style shortlists of at most
+    # ``shortlist_limit`` vectors (tau; Curator's experiments: 256) under a frozen tree of
+    # ``tenant_tree_branching`` children per node whose leaves hold about ``tenant_leaf_size``
+    # vectors at training
+    tenancy: bool = False
+    shortlist_limit: int = 256
+    tenant_tree_branching: int = 16
+    tenant_leaf_size: int = 256
 
     def __post_init__(self) -> None:
         _check_fields(self, _INDEX_FIELDS)
@@ -156,6 +170,10 @@ class SearchParams:
     # a posting list that fails its check: False answers from the lists that verify (the
     # result says which were skipped: SearchResult); True raises CorruptionError
     strict: bool = False
+    # tenant searches (vectordb.tenancy): candidate vectors a query scores, its tenant's
+    # nearest shortlists first; None: the default (tenancy.tenant_search); 0: every shortlist
+    # of the tenant (an exact search)
+    tenant_candidates: int | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self, _SEARCH_FIELDS)

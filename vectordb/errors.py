@@ -6,6 +6,7 @@
      +- InvalidArgumentError (ValueError)
      |   +- InvalidVectorsError            wrong dimension, dtype, shape, NaN/inf; nothing written
      |   +- DuplicateIdError               an id twice in one call, or already in the index
+     |   +- InvalidTenantError             a tenant id that is neither an int >= 0 nor a str
      |   +- ConfigError                    a wrong setting (tiers.io.errors); ``where`` names it
      |       +- IndexConfigError           an IndexConfig/SearchParams field that cannot work
      |                                     (zero dim, unknown metric), or an index not to be made
@@ -35,6 +36,7 @@ __all__ = [
     "DuplicateIdError",
     "IndexClosedError",
     "IndexConfigError",
+    "InvalidTenantError",
     "InvalidVectorsError",
     "StorageError",
     "TierkitError",
@@ -51,6 +53,11 @@ class DuplicateIdError(InvalidArgumentError):
     def __init__(self, message: str, ids: list[int]) -> None:
         super().__init__(message)
         self.ids = ids
+
+
+class InvalidTenantError(InvalidArgumentError):
+    """A tenant id that is neither an integer >= 0 nor a non-empty string, or tenant rows that
+    do not match the vectors."""
 
 
 class IndexConfigError(ConfigError):

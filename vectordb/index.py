@@ -2,8 +2,9 @@
 
 Files in the index directory: ``LOCK`` (one owner at a time, any process), ``meta/`` (LMDB: the
 last checkpoint), ``postings.dat`` (posting lists, O_DIRECT), ``wal-*.log`` (updates since the
-checkpoint). Opening loads the checkpoint and replays the log, so every acknowledged insert and
-delete is there after a crash, ``kill -9`` included.
+checkpoint), and with ``IndexConfig(tenancy=True)`` ``tenants.dat`` (vectordb.tenancy: home
+copies and every tenant's shortlists). Opening loads the checkpoint and replays the log, so
+every acknowledged insert and delete is there after a crash, ``kill -9`` included.
 
 Work is split by concern: build.py (bulk build), search.py, updates.py (insert, delete, split,
 merge, reassign), checkpoint.py. This module holds the state they share and the lifecycle.
@@ -46,12 +47,15 @@ from vectordb.navigator import Navigator
 from vectordb.posting_store import PostingStore
 from vectordb.scrub_report import RepairReport, ScrubReport
 from vectordb.search_result import SearchResult
+from vectordb.tenancy import Tenancy
+from vectordb.tenancy.tenant_store import TenantStore
 from vectordb.version_map import VersionMap
 from vectordb.wal import WriteAheadLog
 
 __all__ = ["SpannIndex"]
 
 POSTINGS_FILE = "postings.dat"
+TENANTS_FILE = "tenants.dat"
 
 
 class SpannIndex:
@@ -68,6 +72,8 @@ class SpannIndex:
         self.store: PostingStore
         self.meta: MetaStore
         self.wal = WriteAheadLog(engine, directory)
+        self.tenancy: Tenancy | None = None  # with config.tenancy: made by _start
+        self._tenant_file: FileHandle | None = None
         self.update_lock = asyncio.Lock()
         self.next_pid = 0
         self.merge_candidates: set[int] = set()
@@ -191,10 +197,20 @@ class SpannIndex:
             index._file = await index.engine.open(path, write=True, create=True, direct=direct)
             pages = index.engine.file_size(index._file) // 4096
             index.store = PostingStore(index.engine, index._file, config.dim, config.dtype, pages)
+            if config.tenancy:
+                await index._open_tenancy(direct)
         except BaseException:
             await index._release()
             raise
         return index
+
+    async def _open_tenancy(self, direct: bool) -> None:
+        path = os.path.join(self.directory, TENANTS_FILE)
+        self._tenant_file = await self.engine.open(path, write=True, create=True, direct=direct)
+        pages = self.engine.file_size(self._tenant_file) // 4096
+        config = self.config
+        store = TenantStore(self.engine, self._tenant_file, config.dim, config.dtype, pages)
+        self.tenancy = Tenancy(config, self.metric, store)
 
     async def aclose(self) -> None:
         """Checkpoint if anything changed (so reopening replays nothing), then release files,
@@ -230,6 +246,8 @@ class SpannIndex:
             await self.wal.close()
             if self._file is not None:
                 await self.engine.close_file(self._file)
+            if self._tenant_file is not None:
+                await self.engine.close_file(self._tenant_file)
         await self.runtime.release_engine(self.engine)
         if getattr(self, "meta", None) is not None:
             self.meta.close()
@@ -249,14 +267,21 @@ class SpannIndex:
 
     # ----------------------------------------------------------------- operations
     async def build(
-        self, ids: Any, vectors: Any, *, progress: bool = False, batch_rows: int = 65536
+        self,
+        ids: Any,
+        vectors: Any,
+        *,
+        tenants: Any = None,
+        progress: bool = False,
+        batch_rows: int = 65536,
     ) -> None:
         """Bulk-build an empty index from ``vectors`` (ids None: 0..n-1). Atomic: a crash in
-        the middle leaves the index empty."""
+        the middle leaves the index empty. ``tenants``: who may read each row (a tenancy
+        index; the forms of vectordb.tenancy.tenant_rows)."""
         from vectordb.build import build
 
         self.check_open()
-        await build(self, ids, vectors, progress=progress, batch_rows=batch_rows)
+        await build(self, ids, vectors, tenants, progress=progress, batch_rows=batch_rows)
         await self.fit_memory()
 
     async def build_from(
@@ -275,23 +300,64 @@ class SpannIndex:
         await self.build(ids, vectors, progress=progress)
 
     async def search(
-        self, queries: Any, k: int = 10, params: SearchParams | None = None
+        self, queries: Any, k: int = 10, params: SearchParams | None = None, *, tenant: Any = None
     ) -> SearchResult:
         """(ids int64 [Q, k], scores float32 [Q, k]) of each query's k nearest live vectors;
         missing results are id -1. Scores: squared L2 ascending, or similarity descending.
         ``k`` above the live vectors is cut to them. A list that fails its check is left out
-        and named in the result's ``skipped_lists`` (``params.strict``: CorruptionError)."""
+        and named in the result's ``skipped_lists`` (``params.strict``: CorruptionError).
+        ``tenant``: one tenant id, or one per query: only vectors that tenant may read at that
+        moment (a tenancy index; an unknown tenant gets no results)."""
+        self.check_open()
+        if tenant is not None:
+            from vectordb.tenancy import logged
+
+            return await logged.search(self, queries, k, params or SearchParams(), tenant)
         from vectordb.search import search
 
-        self.check_open()
         return await search(self, queries, k, params or SearchParams())
 
-    async def insert(self, ids: Any, vectors: Any) -> None:
-        """Add vectors under new ids; durable (in the log) when this returns."""
+    async def insert(self, ids: Any, vectors: Any, tenants: Any = None) -> None:
+        """Add vectors under new ids; durable (in the log) when this returns. ``tenants``: who
+        may read each row (a tenancy index; the forms of vectordb.tenancy.tenant_rows)."""
         from vectordb.updates import insert
 
         self.check_open()
-        await insert(self, ids, vectors)
+        await insert(self, ids, vectors, tenants)
+
+    async def grant(self, ids: Any, tenant: Any) -> int:
+        """Let ``tenant`` read ``ids`` (unknown, deleted or already granted ids are ignored);
+        returns the pairs added. Durable when this returns."""
+        from vectordb.tenancy import logged
+
+        self.check_open()
+        return await logged.grant(self, ids, tenant)
+
+    async def revoke(self, ids: Any, tenant: Any) -> int:
+        """Stop ``tenant`` reading ``ids``; returns the pairs removed. Durable on return."""
+        from vectordb.tenancy import logged
+
+        self.check_open()
+        return await logged.revoke(self, ids, tenant)
+
+    async def delete_tenant(self, tenant: Any) -> int:
+        """Drop every grant of ``tenant`` (the vectors stay); returns how many there were."""
+        from vectordb.tenancy import logged
+
+        self.check_open()
+        return await logged.delete_tenant(self, tenant)
+
+    def count(self, tenant: Any) -> int:
+        """Live vectors ``tenant`` may read."""
+        from vectordb.tenancy import check_tenant, logged
+
+        return logged.require(self).count(check_tenant(tenant))
+
+    def tenants_of(self, vid: Any) -> list[Any]:
+        """The tenants that may read id ``vid`` (in the order they were first used)."""
+        from vectordb.tenancy import logged
+
+        return logged.require(self).tenants_of(int(vid))
 
     async def delete(self, ids: Any) -> int:
         """Delete ids (unknown or already deleted ones are ignored); returns how many were
@@ -326,7 +392,10 @@ class SpannIndex:
 
     def data_files(self) -> list[str]:
         """Files whose pages a search reads (for cold-cache benchmarks)."""
-        return [os.path.join(self.directory, POSTINGS_FILE)]
+        files = [os.path.join(self.directory, POSTINGS_FILE)]
+        if self.tenancy is not None:
+            files.append(os.path.join(self.directory, TENANTS_FILE))
+        return files
 
     def stats(self) -> dict[str, Any]:
         n_vectors = self.versions.live_count
@@ -345,6 +414,7 @@ class SpannIndex:
             **self.memory.stats(),
             "gathered_batches": self.gatherer.batches if self.gatherer else 0,
             "gathered_queries": self.gatherer.gathered_queries if self.gatherer else 0,
+            **(self.tenancy.stats() if self.tenancy is not None else {}),
         }
 
     def take_pid(self) -> int:

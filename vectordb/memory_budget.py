@@ -70,6 +70,7 @@ class MemoryBudget:
             index.navigator.resident_bytes()
             + index.versions.resident_bytes()
             + sum(a.nbytes for a in index.store.snapshot().values())
+            + (index.tenancy.resident_bytes() if index.tenancy is not None else 0)
         )
 
     async def apply(self, index: SpannIndex, default_read_buffer_bytes: int) -> None:

@@ -81,8 +81,8 @@ READ_BUDGET_BYTES = READ_BUFFER_BYTES * 3 // 4
 
 
 async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) -> SearchResult:
-    queries = prepare(index.metric, _check_queries(queries, index.config.dim))
-    k = _check_k(k, index.versions.live_count)
+    queries = prepare(index.metric, check_queries(queries, index.config.dim))
+    k = check_k(k, index.versions.live_count)
     if len(queries) <= SMALL_BATCH_QUERIES:  # concurrent small searches share batches
         ids, dist, bad = await _gatherer(index).search(queries, k, params)
     else:
@@ -110,7 +110,7 @@ async def run_batch(index: SpannIndex, queries: np.ndarray, k: int, params: Sear
         done.set_result(None)
 
 
-def _check_k(k: Any, live_vectors: int) -> int:
+def check_k(k: Any, live_vectors: int) -> int:
     """``k`` as an int; above the index's live vectors it is cut to them (at least 1), so a
     huge ``k`` costs no more than the index holds (``k=10**9`` tried to allocate 14.9 GiB)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
@@ -118,7 +118,7 @@ def _check_k(k: Any, live_vectors: int) -> int:
     return int(min(int(k), max(live_vectors, 1)))
 
 
-def _check_queries(queries: Any, dim: int) -> np.ndarray:
+def check_queries(queries: Any, dim: int) -> np.ndarray:
     try:
         array = np.asarray(queries, dtype=np.float32)
     except (TypeError, ValueError) as exc:

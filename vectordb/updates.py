@@ -30,19 +30,29 @@ from vectordb.metric import Metric, prepare
 from vectordb.placement import place
 from vectordb.posting_store import PostingItem
 from vectordb.rebalance import merge_lists, split_lists
+from vectordb.tenancy.tenant_rows import no_rows, tenant_rows
+from vectordb.tenancy.wal_records import TENANT_INSERT, TenantRows, encode_insert
 from vectordb.vectors_input import validate_batch
 from vectordb.wal import DELETE, INSERT
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
 
-__all__ = ["append_placed", "apply_insert", "delete", "insert"]
+__all__ = [
+    "append_placed",
+    "apply_insert",
+    "check_ids",
+    "delete",
+    "insert",
+    "maybe_checkpoint",
+]
 
 _GARBAGE_MIN_PAGES = 1024  # 4 MiB: below this, freed runs never force a checkpoint
 
 
-async def insert(index: SpannIndex, ids: Any, vectors: Any) -> None:
+async def insert(index: SpannIndex, ids: Any, vectors: Any, tenants: Any = None) -> None:
     ids, vectors = validate_batch(ids, vectors, index.config)
+    rows = _tenant_rows(index, tenants, len(ids))
     if len(ids) == 0:
         return
     async with index.update_lock:
@@ -51,28 +61,45 @@ async def insert(index: SpannIndex, ids: Any, vectors: Any) -> None:
         if live.any():
             dup = ids[live][:10].tolist()
             raise DuplicateIdError(f"ids already in the index: {dup}", dup)
-        await index.wal.append(INSERT, ids, vectors)
-        await apply_insert(index, ids, vectors)
+        if index.tenancy is None:
+            await index.wal.append(INSERT, ids, vectors)
+            await apply_insert(index, ids, vectors)
+        else:  # one record: the vectors and who may read them are durable together
+            await index.wal.append_raw(TENANT_INSERT, len(ids), encode_insert(ids, vectors, rows))
+            await apply_insert(index, ids, vectors)
+            await index.tenancy.apply_insert(ids, vectors, rows)
         await _merge_pending(index)
         index.counters["inserts"] += len(ids)
-    await _maybe_checkpoint(index)
+    await maybe_checkpoint(index)
 
 
 async def delete(index: SpannIndex, ids: Any) -> int:
-    ids = _check_ids(ids)
+    ids = check_ids(ids)
     if len(ids) == 0:
         return 0
     async with index.update_lock:
         index.check_open()
         await index.wal.append(DELETE, ids, None)
         deleted = int(index.versions.delete(ids).sum())
+        if index.tenancy is not None:
+            await index.tenancy.apply_delete(ids)
         await _merge_pending(index)
         index.counters["deletes"] += deleted
-    await _maybe_checkpoint(index)
+    await maybe_checkpoint(index)
     return deleted
 
 
-def _check_ids(ids: Any) -> np.ndarray:
+def _tenant_rows(index: SpannIndex, tenants: Any, n: int) -> TenantRows:
+    if index.tenancy is None:
+        if tenants is not None:
+            from vectordb.tenancy.logged import require
+
+            require(index)  # raises: this index has no tenancy
+        return no_rows(0)
+    return tenant_rows(tenants, n)
+
+
+def check_ids(ids: Any) -> np.ndarray:
     array = np.asarray(ids)
     if array.ndim == 0:
         array = array[None]
@@ -128,7 +155,7 @@ async def _merge_pending(index: SpannIndex) -> None:
         await merge_lists(index, pids)
 
 
-async def _maybe_checkpoint(index: SpannIndex) -> None:
+async def maybe_checkpoint(index: SpannIndex) -> None:
     """Checkpoint once the log is long, or once runs freed by copy-on-write (which only a
     checkpoint can hand back) are a quarter of the file: rewrites would grow the file."""
     space = index.store.space

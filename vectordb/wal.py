@@ -4,7 +4,8 @@ The log itself, its segments ``wal-<seq:08d>.log``, its byte layout, the torn-ta
 rules and the LSN checks of recovery, is tiers.storage's RecordLog (see its module docstring).
 This module gives its records their meaning::
 
-    kind     1 = insert, 2 = delete
+    kind     1 = insert, 2 = delete; 3-6 = tenancy (inserts with tenants, grants, revokes,
+             tenant deletes: their layout is in vectordb.tenancy.wal_records)
     aux      count: the number of ids
     payload  ids int64[count]; for inserts then vectors [count, dim] in the index dtype
              (zero-padded by the log to a multiple of 8 bytes)
@@ -26,6 +27,7 @@ import numpy as np
 
 from tiers.io import IOEngine
 from tiers.storage import LogRecord, RecordCheck, RecordLog
+from vectordb.tenancy.wal_records import TENANT_KINDS, decode_tenant_record, plausible
 
 __all__ = [
     "DELETE",
@@ -49,6 +51,7 @@ class WalRecord:
     lsn: int
     ids: np.ndarray
     vectors: np.ndarray | None
+    tenants: Any = None  # tenancy records: wal_records.decode_tenant_record
 
 
 def _payload(ids: np.ndarray, vectors: np.ndarray | None) -> bytes:
@@ -66,6 +69,8 @@ def _check(dim: int, dtype: Any) -> RecordCheck:
     itemsize = np.dtype(dtype).itemsize
 
     def check(kind: int, count: int, payload_bytes: int) -> bool:
+        if kind in TENANT_KINDS:
+            return plausible(kind, count, payload_bytes, dim * itemsize)
         if kind not in (INSERT, DELETE):
             return False
         size = count * 8 + (count * dim * itemsize if kind == INSERT else 0)
@@ -76,6 +81,9 @@ def _check(dim: int, dtype: Any) -> RecordCheck:
 
 def _decode(record: LogRecord, dim: int, dtype: Any) -> WalRecord:
     count, payload = record.aux, record.payload
+    if record.kind in TENANT_KINDS:
+        ids, vectors, tenants = decode_tenant_record(record.kind, count, payload, dim, dtype)
+        return WalRecord(record.kind, record.lsn, ids, vectors, tenants)
     ids = np.frombuffer(payload, np.int64, count).copy()
     vectors = None
     if record.kind == INSERT:
@@ -122,6 +130,10 @@ class WriteAheadLog:
 
     async def append(self, kind: int, ids: np.ndarray, vectors: np.ndarray | None) -> int:
         return await self.log.append(kind, len(ids), _payload(ids, vectors))
+
+    async def append_raw(self, kind: int, count: int, payload: bytes) -> int:
+        """Append a record whose payload the caller encoded (tenancy.wal_records)."""
+        return await self.log.append(kind, count, payload)
 
     def drop_segments_before(self, seq: int) -> None:
         self.log.drop_segments_before(seq)

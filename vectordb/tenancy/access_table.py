@@ -1,0 +1,242 @@
+"""AccessTable: per vector id, where its home copy is, its tree leaf, and who may read it.
+
+This is the access truth of the index: a search answers a tenant only with ids this table says
+that tenant may read at that moment, whatever the shortlist pages hold (a revoked record may
+still sit in a shortlist run until it is rewritten).
+
+Storage (about 28 bytes per vector plus 4 per (vector, tenant) pair): ids sorted in one int64
+array with parallel ``loc`` (int64, the home copy: tenant_store.home_location), ``leaf``
+(int32) and a CSR of tenant numbers (``ptr`` int64 [n + 1], ``tenants`` int32, sorted per id);
+changes since the last merge sit in a dict that overrides the arrays for its ids (None: the id
+was removed). Per-tenant pair counts are kept as they change, so ``count`` costs nothing.
+
+Thread-safety: loop thread only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["AccessTable", "Entry"]
+
+_MERGE_AT = 4096
+
+
+class Entry(NamedTuple):
+    loc: int
+    leaf: int
+    tenants: tuple[int, ...]  # sorted tenant numbers
+
+
+class AccessTable:
+    def __init__(self) -> None:
+        self.ids = np.zeros(0, np.int64)
+        self.loc = np.zeros(0, np.int64)
+        self.leaf = np.zeros(0, np.int32)
+        self.ptr = np.zeros(1, np.int64)
+        self.tenants = np.zeros(0, np.int32)
+        self.delta: dict[int, Entry | None] = {}
+        self._delta_ids: np.ndarray | None = None
+        self.counts = np.zeros(0, np.int64)  # pairs per tenant number
+        self.n_ids = 0
+
+    # ----------------------------------------------------------------- lookups
+    def get(self, vid: int) -> Entry | None:
+        if vid in self.delta:
+            return self.delta[vid]
+        pos = int(np.searchsorted(self.ids, vid))
+        if pos < len(self.ids) and self.ids[pos] == vid:
+            a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])
+            tenants = tuple(self.tenants[a:b].tolist())
+            return Entry(int(self.loc[pos]), int(self.leaf[pos]), tenants)
+        return None
+
+    def count(self, tenant: int) -> int:
+        return int(self.counts[tenant]) if 0 <= tenant < len(self.counts) else 0
+
+    def member(self, ids: np.ndarray, tenants: np.ndarray) -> np.ndarray:
+        """Mask: may tenant ``tenants[i]`` read id ``ids[i]``? (vectorised)"""
+        ids = np.asarray(ids, np.int64)
+        tenants = np.asarray(tenants, np.int64)
+        out = np.zeros(len(ids), bool)
+        n = len(self.ids)
+        if n and len(ids):
+            pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
+            found = self.ids[pos] == ids
+            starts = np.where(found, self.ptr[pos], 0)
+            lengths = np.where(found, self.ptr[pos + 1] - self.ptr[pos], 0)
+            rows = np.repeat(np.arange(len(ids)), lengths)
+            offsets = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            hit = self.tenants[np.repeat(starts, lengths) + offsets] == tenants[rows]
+            out[rows[hit]] = True
+        if self.delta:
+            for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
+                entry = self.delta[int(ids[i])]
+                out[i] = entry is not None and int(tenants[i]) in entry.tenants
+        return out
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found mask, loc, leaf) of each id."""
+        ids = np.asarray(ids, np.int64)
+        found = np.zeros(len(ids), bool)
+        loc = np.zeros(len(ids), np.int64)
+        leaf = np.zeros(len(ids), np.int32)
+        n = len(self.ids)
+        if n and len(ids):
+            pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
+            found = self.ids[pos] == ids
+            loc[found], leaf[found] = self.loc[pos[found]], self.leaf[pos[found]]
+        if self.delta:
+            for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
+                entry = self.delta[int(ids[i])]
+                found[i] = entry is not None
+                if entry is not None:
+                    loc[i], leaf[i] = entry.loc, entry.leaf
+        return found, loc, leaf
+
+    # ----------------------------------------------------------------- changes
+    def put(self, vid: int, loc: int, leaf: int, tenants: tuple[int, ...]) -> None:
+        """Add or replace an id (its tenants counted)."""
+        self.remove(vid)
+        self._set(vid, Entry(loc, leaf, tuple(sorted(set(tenants)))), counted=True)
+        self.n_ids += 1
+
+    def remove(self, vid: int) -> Entry | None:
+        """Forget an id (uncounting its tenants); returns what it was."""
+        entry = self.get(vid)
+        if entry is not None:
+            self._set(vid, None, counted=False)
+            self._count(entry.tenants, -1)
+            self.n_ids -= 1
+        return entry
+
+    def add_pair(self, vid: int, tenant: int) -> bool:
+        entry = self.get(vid)
+        if entry is None or tenant in entry.tenants:
+            return False
+        self._set(vid, entry._replace(tenants=tuple(sorted((*entry.tenants, tenant)))), False)
+        self._count((tenant,), 1)
+        return True
+
+    def remove_pair(self, vid: int, tenant: int) -> bool:
+        entry = self.get(vid)
+        if entry is None or tenant not in entry.tenants:
+            return False
+        rest = tuple(t for t in entry.tenants if t != tenant)
+        self._set(vid, entry._replace(tenants=rest), False)
+        self._count((tenant,), -1)
+        return True
+
+    def remove_tenant(self, tenant: int) -> int:
+        """Drop every pair of ``tenant``; returns how many there were."""
+        dropped = self.count(tenant)
+        keep = self.tenants != tenant
+        if not keep.all():
+            kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+            self.ptr = kept[self.ptr]  # each id's run shrinks by its dropped pairs
+            self.tenants = self.tenants[keep]
+        for vid, entry in list(self.delta.items()):
+            if entry is not None and tenant in entry.tenants:
+                rest = tuple(t for t in entry.tenants if t != tenant)
+                self.delta[vid] = entry._replace(tenants=rest)
+        if tenant < len(self.counts):
+            self.counts[tenant] = 0
+        return dropped
+
+    def _set(self, vid: int, entry: Entry | None, counted: bool) -> None:
+        if vid not in self.delta:
+            self._delta_ids = None
+        self.delta[vid] = entry
+        if counted and entry is not None:
+            self._count(entry.tenants, 1)
+        if len(self.delta) >= max(_MERGE_AT, len(self.ids) // 32):
+            self.merge()
+
+    def _count(self, tenants: tuple[int, ...], step: int) -> None:
+        if tenants and max(tenants) >= len(self.counts):
+            grown = np.zeros(max(max(tenants) + 1, 2 * len(self.counts), 16), np.int64)
+            grown[: len(self.counts)] = self.counts
+            self.counts = grown
+        for tenant in tenants:
+            self.counts[tenant] += step
+
+    def _delta_array(self) -> np.ndarray:
+        if self._delta_ids is None:
+            self._delta_ids = np.fromiter(self.delta.keys(), np.int64, len(self.delta))
+        return self._delta_ids
+
+    # ----------------------------------------------------------------- bulk forms
+    def merge(self) -> None:
+        """Fold the dict of changes into the arrays."""
+        if not self.delta:
+            return
+        changed = self._delta_array()
+        keep = ~np.isin(self.ids, changed)
+        lengths = np.diff(self.ptr)[keep]
+        pair_keep = np.repeat(keep, np.diff(self.ptr))
+        entries = [(vid, e) for vid, e in self.delta.items() if e is not None]
+        new_ids = np.array([vid for vid, _ in entries], np.int64)
+        new_lengths = np.array([len(e.tenants) for _, e in entries], np.int64)
+        flat = [t for _, e in entries for t in e.tenants]
+        self.load(
+            np.concatenate([self.ids[keep], new_ids]),
+            np.concatenate([self.loc[keep], [e.loc for _, e in entries]]).astype(np.int64),
+            np.concatenate([self.leaf[keep], [e.leaf for _, e in entries]]).astype(np.int32),
+            np.concatenate([lengths, new_lengths]),
+            np.concatenate([self.tenants[pair_keep], np.array(flat, np.int32)]),
+            recount=False,
+        )
+        self.delta.clear()
+        self._delta_ids = None
+
+    def load(
+        self, ids: np.ndarray, loc: np.ndarray, leaf: np.ndarray, lengths: np.ndarray,
+        tenants: np.ndarray, recount: bool = True,
+    ) -> None:  # fmt: skip
+        """Replace the arrays (ids in any order; ``tenants`` grouped by id in that order)."""
+        order = np.argsort(ids, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+        lengths = np.asarray(lengths, np.int64)[order]
+        gather = np.repeat(starts[order], lengths) + (
+            np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        )
+        self.ids, self.loc, self.leaf = ids[order], loc[order], leaf[order]
+        self.tenants = np.asarray(tenants, np.int32)[gather.astype(np.int64)]
+        self.ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        _sort_runs(self.tenants, self.ptr)
+        if recount:
+            self.delta.clear()
+            self._delta_ids = None
+            self.n_ids = len(self.ids)
+            self.counts = np.bincount(self.tenants, minlength=16).astype(np.int64)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        self.merge()
+        return {
+            "access_ids": self.ids,
+            "access_loc": self.loc,
+            "access_leaf": self.leaf,
+            "access_ptr": self.ptr,
+            "access_tenants": self.tenants,
+        }
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.load(
+            arrays["access_ids"], arrays["access_loc"], arrays["access_leaf"],
+            np.diff(arrays["access_ptr"]), arrays["access_tenants"],
+        )  # fmt: skip
+
+    def resident_bytes(self) -> int:
+        arrays = (self.ids, self.loc, self.leaf, self.ptr, self.tenants, self.counts)
+        return sum(a.nbytes for a in arrays) + 200 * len(self.delta)
+
+
+def _sort_runs(values: np.ndarray, ptr: np.ndarray) -> None:
+    """Sort each run ``values[ptr[i]:ptr[i+1]]`` in place (runs are short: share degree)."""
+    if len(values) < 2:
+        return
+    run = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+    order = np.lexsort((values, run))
+    values[:] = values[order]

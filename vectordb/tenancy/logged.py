@@ -1,0 +1,137 @@
+"""The index's tenancy calls: check the input, log it, apply it (and replay it at open).
+
+Each change is one write-ahead-log record, appended (durable) before it is applied, under the
+index's update lock, so an acknowledged grant, revoke, tenant delete or insert-with-tenants
+survives a crash and an unacknowledged one is replayed whole or not at all. Every check on
+caller input runs before the record is written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vectordb.errors import IndexConfigError, InvalidTenantError
+from vectordb.metric import prepare
+from vectordb.search_result import SearchResult
+from vectordb.tenancy.tenancy import Tenancy
+from vectordb.tenancy.tenant_names import TenantId, check_tenant
+from vectordb.tenancy.tenant_search import tenant_search
+from vectordb.tenancy.wal_records import (
+    DELETE_TENANT,
+    GRANT,
+    REVOKE,
+    TENANT_INSERT,
+    encode_grant,
+)
+
+if TYPE_CHECKING:
+    from vectordb.config import SearchParams
+    from vectordb.index import SpannIndex
+    from vectordb.wal import WalRecord
+
+__all__ = ["delete_tenant", "grant", "replay", "require", "revoke", "search"]
+
+
+def require(index: SpannIndex) -> Tenancy:
+    if index.tenancy is None:
+        raise IndexConfigError(
+            "this index was created without tenancy; create it with IndexConfig(tenancy=True)",
+            "IndexConfig.tenancy",
+        )
+    return index.tenancy
+
+
+async def grant(index: SpannIndex, ids: Any, tenant: Any) -> int:
+    return await _pairs(index, GRANT, ids, tenant)
+
+
+async def revoke(index: SpannIndex, ids: Any, tenant: Any) -> int:
+    return await _pairs(index, REVOKE, ids, tenant)
+
+
+async def _pairs(index: SpannIndex, kind: int, ids: Any, tenant: Any) -> int:
+    from vectordb.updates import check_ids, maybe_checkpoint
+
+    tenancy = require(index)
+    name = check_tenant(tenant)
+    ids = check_ids(ids)
+    if not len(ids):
+        return 0
+    async with index.update_lock:
+        index.check_open()
+        await index.wal.append_raw(kind, len(ids), encode_grant(ids, name))
+        if kind == GRANT:
+            changed = await tenancy.apply_grant(ids, name)
+        else:
+            changed = await tenancy.apply_revoke(ids, name)
+    await maybe_checkpoint(index)
+    return changed
+
+
+async def delete_tenant(index: SpannIndex, tenant: Any) -> int:
+    from vectordb.updates import maybe_checkpoint
+
+    tenancy = require(index)
+    name = check_tenant(tenant)
+    async with index.update_lock:
+        index.check_open()
+        await index.wal.append_raw(DELETE_TENANT, 0, encode_grant(np.zeros(0, np.int64), name))
+        dropped = await tenancy.apply_delete_tenant(name)
+    await maybe_checkpoint(index)
+    return dropped
+
+
+async def search(
+    index: SpannIndex, queries: Any, k: Any, params: SearchParams, tenant: Any
+) -> SearchResult:
+    from vectordb.search import check_k, check_queries
+
+    tenancy = require(index)
+    prepared = prepare(index.metric, check_queries(queries, index.config.dim))
+    k = check_k(k, max(tenancy.table.n_ids, 1))
+    names = _query_tenants(tenant, len(prepared))
+    numbers = tenancy.names.numbers(names)
+    return await tenant_search(tenancy, prepared, k, numbers, params.tenant_candidates)
+
+
+def _query_tenants(tenant: Any, n: int) -> list[TenantId]:
+    if isinstance(tenant, (str, int, np.integer)) and not isinstance(tenant, bool):
+        return [check_tenant(tenant)] * n
+    if isinstance(tenant, (bool, np.bool_, bytes, float)) or not hasattr(tenant, "__len__"):
+        raise InvalidTenantError(f"tenant must be a tenant id or one per query, got {tenant!r}")
+    names = [check_tenant(t) for t in tenant]
+    if len(names) != n:
+        raise InvalidTenantError(f"{len(names)} tenants for {n} queries")
+    return names
+
+
+async def replay(index: SpannIndex, record: WalRecord) -> None:
+    """Apply one logged tenancy record again at open (idempotent)."""
+    tenancy = require(index)
+    if record.kind == TENANT_INSERT:
+        from vectordb.updates import apply_insert
+
+        assert record.vectors is not None
+        fresh = ~index.versions.is_live(record.ids)
+        indptr, refs, names = record.tenants
+        await apply_insert(index, record.ids[fresh], record.vectors[fresh])
+        new = ~tenancy.table.lookup(record.ids)[0]
+        rows = _rows_subset(indptr, refs, names, new)
+        await tenancy.apply_insert(record.ids[new], record.vectors[new], rows)
+    elif record.kind == GRANT:
+        await tenancy.apply_grant(record.ids, record.tenants)
+    elif record.kind == REVOKE:
+        await tenancy.apply_revoke(record.ids, record.tenants)
+    elif record.kind == DELETE_TENANT:
+        await tenancy.apply_delete_tenant(record.tenants)
+
+
+def _rows_subset(
+    indptr: np.ndarray, refs: np.ndarray, names: list[TenantId], keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[TenantId]]:
+    lengths = np.diff(indptr)
+    pair_keep = np.repeat(keep, lengths)
+    new_indptr = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+    return new_indptr, refs[pair_keep], names

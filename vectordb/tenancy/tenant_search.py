@@ -1,0 +1,100 @@
+"""Tenant search: each query reads its tenant's nearest shortlists and scores them exactly.
+
+Per query (one tenant each), best-first over the tenant's own tree (Curator): from the root,
+pop the node nearest the query (squared L2 to its centroid, in the prepared space); a shortlist
+is taken whole, an internal node's children that the tenant has are pushed; stop once the
+shortlists taken hold ``tenant_candidates`` vectors (0: take them all, an exact search). A
+tenant of at most ``shortlist_limit`` vectors is one shortlist: one read.
+
+The shortlists of the whole batch are read in one submission (a list two queries need is read
+once). Every record is then checked against the access table *after* the reads land: only
+pairs the query's tenant holds at that moment, at the vector's current location, each id once;
+so a grant or revoke racing the search is never answered wrongly, whatever the runs hold.
+
+Concurrency: runs beside other searches and one updater on the loop thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vectordb.metric import pairwise_distances, to_scores
+from vectordb.search_result import SearchResult
+from vectordb.tenancy.shortlists import Shortlist
+from vectordb.tenancy.tenant_store import location_versions
+
+if TYPE_CHECKING:
+    from vectordb.tenancy.tenancy import Tenancy
+
+__all__ = ["DEFAULT_CANDIDATES", "tenant_search"]
+
+DEFAULT_CANDIDATES = 1024  # vectors a query scores by default (recall vs reads: RESULTS.md)
+
+
+async def tenant_search(
+    tenancy: Tenancy, prepared: np.ndarray, k: int, tenants: np.ndarray, candidates: int | None
+) -> SearchResult:
+    """``prepared`` queries (float32, metric.prepare), ``tenants`` int64 numbers (-1: none)."""
+    budget = DEFAULT_CANDIDATES if candidates is None else candidates
+    chosen = [_choose(tenancy, q, int(t), budget) for q, t in zip(prepared, tenants, strict=True)]
+    lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
+    union = np.unique(np.concatenate(lists)).astype(np.int64)
+    batch = await tenancy.store.read(union) if len(union) else None
+    ids = np.full((len(prepared), k), -1, np.int64)
+    dist = np.full((len(prepared), k), np.inf, np.float32)  # padded as search pads
+    for q, pids in enumerate(chosen):
+        if batch is None or not pids:
+            continue
+        at = np.searchsorted(union, pids)
+        records = np.concatenate([batch.records[batch.starts[i] : batch.starts[i + 1]] for i in at])
+        found, found_ids, found_dist = _score(tenancy, prepared[q], records, int(tenants[q]), k)
+        ids[q, :found], dist[q, :found] = found_ids, found_dist
+    return SearchResult(ids, to_scores(tenancy.metric, dist))
+
+
+def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> list[int]:
+    """The pids of the shortlists ``query`` reads, nearest first."""
+    shortlists = tenancy.shortlists.trees.get(tenant) if tenant >= 0 else None
+    if not shortlists:
+        return []
+    root = shortlists.get(0)
+    if isinstance(root, Shortlist):
+        return [root.pid]
+    tree = tenancy.tree
+    heap: list[tuple[float, int]] = [(0.0, 0)]
+    taken: list[int] = []
+    held = 0
+    while heap and (budget == 0 or held < budget):
+        _, node = heapq.heappop(heap)
+        entry = shortlists[node]
+        if entry is not None:
+            taken.append(entry.pid)
+            held += entry.live
+            continue
+        kids = [c for c in tree.children(node) if c in shortlists]
+        centres = tree.centroids[kids]
+        diff = centres - query
+        for child, dist in zip(kids, np.einsum("ij,ij->i", diff, diff).tolist(), strict=True):
+            heapq.heappush(heap, (dist, child))
+    return taken
+
+
+def _score(
+    tenancy: Tenancy, query: np.ndarray, records: np.ndarray, tenant: int, k: int
+) -> tuple[int, np.ndarray, np.ndarray]:
+    ids = records["id"]
+    found, loc, _ = tenancy.table.lookup(ids)
+    keep = found & (records["version"] == location_versions(loc))
+    keep &= tenancy.table.member(ids, np.full(len(ids), tenant))
+    ids = ids[keep]
+    if not len(ids):
+        return 0, ids, ids.astype(np.float32)
+    vectors = records["vector"][keep].astype(np.float32, copy=False)
+    dist = pairwise_distances(tenancy.metric, query[None, :], vectors)[0]
+    order = np.argsort(dist, kind="stable")
+    _, first = np.unique(ids[order], return_index=True)  # a re-granted id may sit twice
+    best = order[np.sort(first)][:k]
+    return len(best), ids[best], dist[best]

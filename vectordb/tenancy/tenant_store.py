@@ -1,0 +1,127 @@
+"""TenantStore: the tenancy's file ``tenants.dat``: home copies and shortlist runs.
+
+One PostingStore (posting_format records, checked, copy-on-write, tail-page appends) over its
+own file holds two kinds of lists, numbered from one counter:
+
+- **home blocks**: every vector of a tenancy index once, in arrival order, ``home_records``
+  a block (about 16 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant
+  reads the vector from here (one block read per distinct block, all in one submission).
+- **shortlists**: a copy of each vector of one (tenant, tree node) shortlist, back to back, so
+  that a small tenant's search reads one run. A record's ``version`` field holds the low 32 bits
+  of the vector's location: a copy of an earlier incarnation of a deleted and re-inserted id
+  does not match its current location and is not used.
+
+Disk cost: one record per vector (home) plus one per (vector, tenant) pair, each
+``record_bytes(dim, dtype)``, plus the free space copy-on-write keeps until a checkpoint.
+Freed list numbers are reused (a reader that snapshotted the old run still reads the old run:
+PostingStore). Home blocks of deleted vectors are not compacted.
+
+Concurrency: loop thread only; updates run under the index's update lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tiers.io import CorruptionError, FileHandle, IOEngine
+from vectordb.posting_store import PostingBatch, PostingItem, PostingStore
+
+__all__ = ["POSITION_BITS", "TenantStore", "location_versions"]
+
+POSITION_BITS = 12
+_HOME_BLOCK_BYTES = 16 << 10
+
+
+def location_versions(locations: np.ndarray) -> np.ndarray:
+    """The ``version`` a copy of a vector at these home locations carries."""
+    return (np.asarray(locations, np.int64) & 0xFFFFFFFF).astype(np.uint32)
+
+
+class TenantStore:
+    def __init__(self, engine: IOEngine, file: FileHandle, dim: int, dtype: str, pages: int):
+        self.lists = PostingStore(engine, file, dim, dtype, pages)
+        block = _HOME_BLOCK_BYTES // self.lists.rec_bytes
+        self.home_records = max(1, min(1 << POSITION_BITS, block))
+        self.home_pid = -1  # the block being filled
+        self.next_pid = 0
+        self.free_pids: list[int] = []
+
+    def take_pid(self) -> int:
+        if self.free_pids:
+            return self.free_pids.pop()
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        return pid
+
+    def release(self, pid: int) -> None:
+        """Forget a shortlist run (its pages are reused after the next checkpoint)."""
+        self.lists.drop(pid)
+        self.free_pids.append(pid)
+
+    # ----------------------------------------------------------------- home copies
+    async def put_home(self, ids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """Append home copies; returns their locations (int64)."""
+        locations = np.zeros(len(ids), np.int64)
+        filled = self.run_count(self.home_pid) if self.home_pid >= 0 else self.home_records
+        take = min(self.home_records - filled, len(ids))
+        appends, writes = [], []
+        if take > 0:  # the rest of the block being filled
+            locations[:take] = (self.home_pid << POSITION_BITS) + filled + np.arange(take)
+            appends.append(self._home_item(self.home_pid, ids, vectors, locations, 0, take))
+        for at in range(take, len(ids), self.home_records):
+            self.home_pid = self.take_pid()
+            end = min(at + self.home_records, len(ids))
+            locations[at:end] = (self.home_pid << POSITION_BITS) + np.arange(end - at)
+            item = self._home_item(self.home_pid, ids, vectors, locations, at, end)
+            item.capacity = self.home_records
+            writes.append(item)
+        await self.lists.append(appends)
+        await self.lists.write(writes)
+        return locations
+
+    @staticmethod
+    def _home_item(
+        pid: int, ids: np.ndarray, vectors: np.ndarray, locations: np.ndarray, a: int, b: int
+    ) -> PostingItem:
+        return PostingItem(pid, ids[a:b], location_versions(locations[a:b]), vectors[a:b])
+
+    async def read_home(self, ids: np.ndarray, locations: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``ids`` at ``locations`` (one read per distinct block)."""
+        pids = locations >> POSITION_BITS
+        blocks, which = np.unique(pids, return_inverse=True)
+        batch = await self.lists.read(blocks)
+        rows = batch.starts[which] + (locations & ((1 << POSITION_BITS) - 1))
+        records = batch.records[rows]
+        wrong = records["id"] != ids
+        if wrong.any():
+            raise CorruptionError(
+                f"home copy of id {int(ids[wrong][0])} holds id {int(records['id'][wrong][0])}"
+            )
+        return records["vector"]
+
+    # ----------------------------------------------------------------- shortlists
+    async def read(self, pids: np.ndarray) -> PostingBatch:
+        return await self.lists.read(np.asarray(pids, np.int64))
+
+    async def write(self, items: list[PostingItem]) -> None:
+        await self.lists.write(items)
+
+    async def append(self, items: list[PostingItem]) -> None:
+        await self.lists.append(items)
+
+    def run_count(self, pid: int) -> int:
+        return int(self.lists.count[pid])
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        directory = self.lists.snapshot()
+        return {f"tenant_lists_{name}": array for name, array in directory.items()}
+
+    def restore(self, arrays: dict[str, np.ndarray], next_pid: int, home_pid: int) -> None:
+        self.lists.restore(
+            arrays["tenant_lists_start"],
+            arrays["tenant_lists_capacity"],
+            arrays["tenant_lists_count"],
+        )
+        self.next_pid, self.home_pid = next_pid, home_pid
+
+    def disk_bytes(self) -> int:
+        return int(self.lists.space.file_pages) * 4096
