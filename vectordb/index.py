@@ -82,6 +82,7 @@ class SpannIndex:
         # the heads must not change under them (rebalance awaits heads_quiet first)
         self.head_scans: set[asyncio.Future[Any]] = set()
         self.gatherer: SearchGatherer | None = None  # made by the first small search
+        self.tenant_gatherer: SearchGatherer | None = None  # ... and tenant search
         self.memory = MemoryBudget(None)  # replaced by create/open with the caller's budget
         self.checkpointed_lsn = -1  # the log position the last checkpoint holds everything to
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
@@ -412,10 +413,13 @@ class SpannIndex:
             **self.store.stats(),
             "wal_bytes": self.wal.bytes_written,
             **self.memory.stats(),
-            "gathered_batches": self.gatherer.batches if self.gatherer else 0,
-            "gathered_queries": self.gatherer.gathered_queries if self.gatherer else 0,
+            "gathered_batches": sum(g.batches for g in self._gatherers()),
+            "gathered_queries": sum(g.gathered_queries for g in self._gatherers()),
             **(self.tenancy.stats() if self.tenancy is not None else {}),
         }
+
+    def _gatherers(self) -> list[SearchGatherer]:
+        return [g for g in (self.gatherer, self.tenant_gatherer) if g is not None]
 
     def take_pid(self) -> int:
         pid, self.next_pid = self.next_pid, self.next_pid + 1

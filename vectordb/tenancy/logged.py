@@ -8,12 +8,15 @@ caller input runs before the record is written.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vectordb.errors import IndexConfigError, InvalidTenantError
-from vectordb.metric import prepare
+from vectordb.gather import SearchGatherer
+from vectordb.metric import prepare, to_scores
 from vectordb.search_result import SearchResult
 from vectordb.tenancy.tenancy import Tenancy
 from vectordb.tenancy.tenant_names import TenantId, check_tenant
@@ -86,14 +89,39 @@ async def delete_tenant(index: SpannIndex, tenant: Any) -> int:
 async def search(
     index: SpannIndex, queries: Any, k: Any, params: SearchParams, tenant: Any
 ) -> SearchResult:
-    from vectordb.search import check_k, check_queries
+    from vectordb.search import SMALL_BATCH_QUERIES, check_k, check_queries
 
     tenancy = require(index)
     prepared = prepare(index.metric, check_queries(queries, index.config.dim))
     k = check_k(k, max(tenancy.table.n_ids, 1))
     names = _query_tenants(tenant, len(prepared))
     numbers = tenancy.names.numbers(names)
-    return await tenant_search(tenancy, prepared, k, numbers, params.tenant_candidates)
+    # the tenant rides with its query through the gatherer: column dim, exact in float64
+    tagged = np.concatenate([prepared, numbers[:, None]], axis=1, dtype=np.float64)
+    if len(tagged) <= SMALL_BATCH_QUERIES:  # concurrent small searches share one read
+        if index.tenant_gatherer is None:
+            run = functools.partial(_run_batch, index)
+            index.tenant_gatherer = SearchGatherer(run, max_in_flight=2)
+        ids, dist, _ = await index.tenant_gatherer.search(tagged, k, params)
+    else:
+        ids, dist, _ = await _run_batch(index, tagged, k, params)
+    return SearchResult(ids, to_scores(index.metric, dist))
+
+
+async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: SearchParams) -> Any:
+    """One batch of tagged queries; registered as a reader, so a checkpoint does not hand
+    the runs it reads to the allocator before it is done."""
+    tenancy = require(index)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    index.searches.add(done)
+    try:
+        prepared = np.ascontiguousarray(tagged[:, :-1], np.float32)
+        numbers = tagged[:, -1].astype(np.int64)
+        ids, dist = await tenant_search(tenancy, prepared, k, numbers, params.tenant_candidates)
+        return ids, dist, np.zeros(0, np.int64)
+    finally:
+        index.searches.discard(done)
+        done.set_result(None)
 
 
 def _query_tenants(tenant: Any, n: int) -> list[TenantId]:

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vectordb.metric import pairwise_distances, to_scores
-from vectordb.search_result import SearchResult
+from vectordb.metric import pairwise_distances
 from vectordb.tenancy.shortlists import Shortlist
 from vectordb.tenancy.tenant_store import location_versions
 
@@ -36,10 +35,12 @@ DEFAULT_CANDIDATES = 1024  # vectors a query scores by default (recall vs reads:
 
 async def tenant_search(
     tenancy: Tenancy, prepared: np.ndarray, k: int, tenants: np.ndarray, candidates: int | None
-) -> SearchResult:
-    """``prepared`` queries (float32, metric.prepare), ``tenants`` int64 numbers (-1: none)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [Q, k], internal distances [Q, k]) of ``prepared`` queries (float32,
+    metric.prepare) for ``tenants`` (int64 numbers, -1: a tenant with nothing)."""
     budget = DEFAULT_CANDIDATES if candidates is None else candidates
     chosen = [_choose(tenancy, q, int(t), budget) for q, t in zip(prepared, tenants, strict=True)]
+    chosen = [_written(tenancy, c) for c in chosen]
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
     batch = await tenancy.store.read(union) if len(union) else None
@@ -52,7 +53,14 @@ async def tenant_search(
         records = np.concatenate([batch.records[batch.starts[i] : batch.starts[i + 1]] for i in at])
         found, found_ids, found_dist = _score(tenancy, prepared[q], records, int(tenants[q]), k)
         ids[q, :found], dist[q, :found] = found_ids, found_dist
-    return SearchResult(ids, to_scores(tenancy.metric, dist))
+    return ids, dist
+
+
+def _written(tenancy: Tenancy, pids: list[int]) -> list[int]:
+    """Drop shortlists whose first run is still being written (a grant not yet acknowledged:
+    its pairs are not visible yet)."""
+    capacity = tenancy.store.lists.capacity
+    return [p for p in pids if p < len(capacity) and capacity[p] > 0]
 
 
 def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> list[int]:

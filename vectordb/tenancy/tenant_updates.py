@@ -95,20 +95,28 @@ async def _split(tenancy: Tenancy, tenant: int, node: int) -> None:
     records = live_records(tenancy, batch.records, tenant)
     _, _, leaves = tenancy.table.lookup(records["id"])
     items: list[PostingItem] = []
-    shortlists[node] = None
-    tenancy.store.release(old.pid)
+    made: list[tuple[int, Shortlist]] = []
     for child, rows in _distribute(tenancy, node, leaves, np.arange(len(records))):
-        pid = tenancy.store.take_pid()
-        shortlists[child] = Shortlist(pid, len(rows))
-        _mark_internal(tenancy, shortlists, child, node)
+        made.append((child, Shortlist(tenancy.store.take_pid(), len(rows))))
         part = records[rows]
         capacity = posting_capacity(len(rows), tenancy.limit)
-        items.append(PostingItem(pid, part["id"], part["version"], part["vector"], capacity))
-    tenancy.counters["shortlist_splits"] += 1
+        items.append(PostingItem(made[-1][1].pid, *_fields(part), capacity=capacity))
+    # the new runs are written before the map points at them: a search meanwhile still
+    # reads the old shortlist, whole
     await tenancy.store.write(items)
-    if not items:  # nothing live was left under it
+    shortlists[node] = None
+    for child, entry in made:
+        shortlists[child] = entry
+        _mark_internal(tenancy, shortlists, child, node)
+    tenancy.store.release(old.pid)
+    tenancy.counters["shortlist_splits"] += 1
+    if not made:  # nothing live was left under it
         del shortlists[node]
         _prune(tenancy, tenant, int(tenancy.tree.parent[node]))
+
+
+def _fields(records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return records["id"], records["version"], records["vector"]
 
 
 def _distribute(
@@ -184,23 +192,25 @@ async def _merge(tenancy: Tenancy, tenant: int, node: int) -> bool:
 
 
 async def _rewrite(tenancy: Tenancy, tenant: int, node: int, sources: list[int]) -> None:
-    """One new run at ``node`` from the live records of the shortlists at ``sources``."""
+    """One new run at ``node`` from the live records of the shortlists at ``sources``; the
+    map switches to it only once it is written (searches meanwhile read the old runs)."""
     shortlists = tenancy.shortlists.trees[tenant]
     old = [shortlists[s] for s in sources]
     batch = await tenancy.store.read(np.array([e.pid for e in old if e is not None]))
     records = live_records(tenancy, batch.records, tenant)
-    for source, entry in zip(sources, old, strict=True):
-        assert entry is not None
-        tenancy.store.release(entry.pid)
+    entry = None
+    if len(records):
+        entry = Shortlist(tenancy.store.take_pid(), len(records))
+        capacity = posting_capacity(len(records), tenancy.limit)
+        await tenancy.store.write([PostingItem(entry.pid, *_fields(records), capacity=capacity)])
+    for source, gone in zip(sources, old, strict=True):
+        assert gone is not None
+        tenancy.store.release(gone.pid)
         del shortlists[source]
-    if not len(records):
+    if entry is not None:
+        shortlists[node] = entry
+    else:
         _prune(tenancy, tenant, node if node not in sources else int(tenancy.tree.parent[node]))
-        return
-    pid = tenancy.store.take_pid()
-    shortlists[node] = Shortlist(pid, len(records))
-    capacity = posting_capacity(len(records), tenancy.limit)
-    item = PostingItem(pid, records["id"], records["version"], records["vector"], capacity)
-    await tenancy.store.write([item])
 
 
 def bulk_items(
