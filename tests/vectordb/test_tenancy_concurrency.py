@@ -154,7 +154,7 @@ def test_searches_during_grants_and_revokes_never_leak(tmp_path: Path) -> None:
                 asyncio.create_task(_reader(index, history, done, seed, batch))
                 for seed, batch in enumerate([1, 1, 1, 1, 2, 8, 40])
             ]
-            await _writer(index, history, 300, done)
+            await _writer(index, history, 150, done)
             counts = await asyncio.gather(*readers)
             assert sum(s for s, _ in counts) > 100, counts
             assert sum(o for _, o in counts) > 20, f"too few searches overlapped a write {counts}"

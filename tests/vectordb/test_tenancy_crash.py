@@ -144,6 +144,7 @@ def test_power_cut_at_many_points_keeps_every_acknowledged_change(
             tried.append((int(cut_at), acked))
             await _check(directory, ops, acked)
         assert any(0 < acked < len(ops) for _, acked in tried), tried  # cuts inside the run
+        print(f"{total} batches; (cut at, acknowledged): {tried}")
 
     asyncio.run(main())
 
@@ -165,7 +166,9 @@ def test_power_cut_in_every_batch_of_one_grant_and_one_insert(tmp_path: Path) ->
         await writer.create(dry)
         acked, total = await _run(dry, ops, 10**9, 0, "random")
         assert acked == len(ops)
-        for cut_at in range(2, total + 1):
+        rng = np.random.default_rng(0)  # half the points (~60 batches in all), both parities
+        points = sorted(rng.choice(np.arange(2, total + 1), total // 2, replace=False).tolist())
+        for cut_at in points:
             directory = tmp_path / f"cut{cut_at}"
             await writer.create(directory)
             acked, _ = await _run(directory, ops, cut_at, cut_at, "random")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -73,6 +73,13 @@ class TenancyMachine(RuleBasedStateMachine):
         self.used: set[int] = set()  # every id ever inserted (live or deleted)
         self.next_id = 0
         self.step = 0
+        self.counted = {"shortlist_splits": 0, "shortlist_merges": 0}
+
+    def _count(self) -> None:
+        """Add up the index's split and merge counters (a reopen starts them again)."""
+        stats = self.idx.stats()
+        for key in self.counted:
+            self.counted[key] += int(stats.get(key, 0))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -80,6 +87,9 @@ class TenancyMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if self.index is not None:
+                self._count()
+                for key, n in self.counted.items():  # --hypothesis-show-statistics shows them
+                    event(f"{key} > 0: {n > 0}")
                 self._run(self.index.aclose())
         finally:
             self.loop.close()
@@ -201,6 +211,7 @@ class TenancyMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen(self) -> None:
+        self._count()
         self._run(self.idx.aclose())
         self.index = None
         self.index = self._run(SpannIndex.open(self.dir / "i"))
@@ -254,12 +265,12 @@ class CosineTenancyMachine(TenancyMachine):
 
 
 _SETTINGS = settings(
-    max_examples=25,
-    stateful_step_count=25,
+    max_examples=40,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestTenancyL2 = TenancyMachine.TestCase
 TestTenancyL2.settings = _SETTINGS
 TestTenancyCosine = CosineTenancyMachine.TestCase
-TestTenancyCosine.settings = settings(_SETTINGS, max_examples=15)
+TestTenancyCosine.settings = settings(_SETTINGS, max_examples=25)
