@@ -72,6 +72,7 @@ _SEARCH_FIELDS: dict[str, Check] = {
     "shared_postings": optional(integer(0)),
     "strict": boolean,
     "tenant_candidates": optional(integer(0)),
+    "tenant_route": choice(("auto", "tree", "filter")),
 }
 
 
@@ -174,6 +175,10 @@ class SearchParams:
     # nearest shortlists first; None: the default (tenancy.tenant_search); 0: every shortlist
     # of the tenant (an exact search)
     tenant_candidates: int | None = None
+    # "tree": the tenant's shortlists; "filter": the shared lists, scoring only what the
+    # tenant may read; "auto": "filter" for tenants holding at least
+    # tenancy.logged.FILTER_ROUTE_SHARE of the index
+    tenant_route: str = "auto"
 
     def __post_init__(self) -> None:
         _check_fields(self, _SEARCH_FIELDS)

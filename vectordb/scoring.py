@@ -19,7 +19,7 @@ Thread-safety: one search owns one ProbeScores; its ``add`` calls may run on one
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -27,7 +27,11 @@ from vectordb.dot_kernel import VectorSpan, score_lists
 from vectordb.metric import Metric
 from vectordb.version_map import VersionMap
 
-__all__ = ["ProbeScores"]
+__all__ = ["Access", "ProbeScores"]
+
+# (may_read(ids, query rows) -> bool mask, per-query tenant): records a query may not read are
+# left out of its top k (vectordb.tenancy's filtered route)
+Access = tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], np.ndarray]
 
 
 class ProbeScores:
@@ -108,6 +112,7 @@ class ProbeScores:
         queries: np.ndarray,
         width: int,
         k: int,
+        access: Access | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(ids [Q, k] padded with -1, internal distances [Q, k] padded with inf), nearest
         first, each id once. ``probe_query``/``probe_slot``: each probe's query row and its
@@ -121,6 +126,11 @@ class ProbeScores:
         if self._norms is not None:
             dist += self._norms[self._list_of]
         dist[~self.valid[self._list_of]] = np.inf
+        if access is not None:
+            may_read, tenants = access
+            ids = self.ids[self._list_of]
+            rows = np.repeat(tenants[self._rows], ids.shape[1])
+            dist[~may_read(ids.reshape(-1), rows).reshape(ids.shape)] = np.inf
         if n_queries == 1:  # a lone query: the same answer with flat indexing, ~3x cheaper
             self._best_one(width, k, out_ids[0], out_dist[0])
             if self.metric is Metric.L2:

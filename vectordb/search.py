@@ -57,6 +57,7 @@ from vectordb.gather import Answer, SearchGatherer
 from vectordb.metric import Metric, prepare, to_scores
 from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_store import SPARE_LIMIT_BYTES
+from vectordb.scoring import Access
 from vectordb.search_chunk import ChunkAnswer, note_corrupt_lists, search_chunk
 from vectordb.search_result import SearchResult
 
@@ -98,13 +99,21 @@ def _gatherer(index: SpannIndex) -> SearchGatherer:
     return index.gatherer
 
 
-async def run_batch(index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams) -> Answer:
-    """(ids, internal distances, skipped lists) of prepared ``queries``, searched together."""
+async def run_batch(
+    index: SpannIndex,
+    queries: np.ndarray,
+    k: int,
+    params: SearchParams,
+    access: Access | None = None,
+) -> Answer:
+    """(ids, internal distances, skipped lists) of prepared ``queries``, searched together.
+    ``access``: (may_read(ids, query rows) -> mask, query rows' tenants): a record a query
+    may not read is left out while scoring (vectordb.tenancy's filtered route)."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
         with single_threaded_blas():
-            return await _search(index, queries, int(k), params)
+            return await _search(index, queries, int(k), params, access)
     finally:
         index.searches.discard(done)
         done.set_result(None)
@@ -145,7 +154,9 @@ def _prune(metric: Metric, pids: np.ndarray, dist: np.ndarray, ratio: float) -> 
     return keep & (l2 <= ratio * np.maximum(reference, 1e-12))
 
 
-async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams) -> Answer:
+async def _search(
+    index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams, access: Access | None
+) -> Answer:
     n_queries = len(queries)
     want = params.max_postings or default_postings(index.navigator.n_heads)
     if params.max_postings is None and n_queries <= SMALL_BATCH_QUERIES:
@@ -177,8 +188,9 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
         chunks = query_chunks(index.store, pids, keep, *budgets, first_at_least=early_queries)
     if len(chunks) == 1 and n_queries <= SMALL_BATCH_QUERIES and early is None:
         ids, dist, bad = await search_chunk(
-            index, queries[order], pids, keep, shared, k, params, inline=True
-        )
+            index, queries[order], pids, keep, shared, k, params, inline=True,
+            access=_rows_access(access, order),
+        )  # fmt: skip
         out_ids[order], out_dist[order] = ids, dist
         return _finish(index, out_ids, out_dist, [bad])
     running: list[tuple[slice, asyncio.Future[ChunkAnswer]]] = []
@@ -189,7 +201,7 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
             landed = asyncio.Event()
             chunk = search_chunk(
                 index, queries[order[rows]], pids[rows], keep[rows], shared[rows], k, params,
-                reads, landed,
+                reads, landed, access=_rows_access(access, order[rows]),
             )  # fmt: skip
             running.append((rows, asyncio.ensure_future(chunk)))
             # the next chunk's reads start once this one's have landed (the device would idle
@@ -214,6 +226,10 @@ async def _search(index: SpannIndex, queries: np.ndarray, k: int, params: Search
         if running:  # a chunk failed: the others still own buffers the device writes into
             await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     return _finish(index, out_ids, out_dist, skipped)
+
+
+def _rows_access(access: Access | None, rows: np.ndarray) -> Access | None:
+    return None if access is None else (access[0], access[1][rows])
 
 
 def _finish(

@@ -24,7 +24,7 @@ import numpy as np
 from vectordb.batch_reads import BatchReads, buffer_bytes
 from vectordb.config import SearchParams
 from vectordb.posting_reads import PostingRead
-from vectordb.scoring import ProbeScores
+from vectordb.scoring import Access, ProbeScores
 
 if TYPE_CHECKING:
     from vectordb.index import SpannIndex
@@ -47,6 +47,7 @@ async def search_chunk(
     reads: BatchReads | None = None,
     landed: asyncio.Event | None = None,
     inline: bool = False,
+    access: Access | None = None,
 ) -> ChunkAnswer:
     """Score one chunk of queries: each its ``keep`` lists, and its ``shared`` ones that the
     chunk reads for other queries. ``reads``: reads already started for some of its lists
@@ -104,7 +105,7 @@ async def search_chunk(
     live = scores.live_counts
     live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
     note_small_lists(index, order, live)
-    ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k)
+    ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k, access)
     return ids, dist, corrupt
 
 

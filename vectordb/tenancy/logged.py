@@ -9,11 +9,13 @@ caller input runs before the record is written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vectordb.config import default_postings
 from vectordb.errors import IndexConfigError, InvalidTenantError
 from vectordb.gather import SearchGatherer
 from vectordb.metric import prepare, to_scores
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
     from vectordb.wal import WalRecord
 
 __all__ = ["delete_tenant", "grant", "replay", "require", "revoke", "search"]
+
+# tenants holding at least this share of the index take the filtered route (auto); measured
+# with benchmarks/vectordb/tenancy.py (RESULTS.md)
+FILTER_ROUTE_SHARE = 0.05
 
 
 def require(index: SpannIndex) -> Tenancy:
@@ -109,16 +115,61 @@ async def search(
 
 
 async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: SearchParams) -> Any:
-    """One batch of tagged queries; registered as a reader, so a checkpoint does not hand
-    the runs it reads to the allocator before it is done."""
+    """One batch of tagged queries: the tree route for small tenants, the filtered shared
+    lists for large ones (``FILTER_ROUTE_SHARE``)."""
+    from vectordb.search import run_batch
+
     tenancy = require(index)
+    prepared = np.ascontiguousarray(tagged[:, :-1], np.float32)
+    numbers = tagged[:, -1].astype(np.int64)
+    share = _shares(tenancy, numbers)
+    if params.tenant_route == "auto":
+        filtered = share >= FILTER_ROUTE_SHARE
+    else:
+        filtered = np.full(len(numbers), params.tenant_route == "filter")
+    ids = np.full((len(numbers), k), -1, np.int64)
+    dist = np.full((len(numbers), k), np.inf, np.float32)
+    skipped = np.zeros(0, np.int64)
+    if (~filtered).any():
+        rows = ~filtered
+        ids[rows], dist[rows] = await _tree_batch(index, prepared[rows], k, numbers[rows], params)
+    if filtered.any():
+        rows = filtered
+        wider = _filter_params(index, params, float(share[rows].min()))
+        access = (tenancy.table.member, numbers[rows])
+        ids[rows], dist[rows], skipped = await run_batch(index, prepared[rows], k, wider, access)
+    return ids, dist, skipped
+
+
+def _shares(tenancy: Tenancy, numbers: np.ndarray) -> np.ndarray:
+    """Each query's tenant's share of the vectors (0 for a tenant with nothing)."""
+    total = max(tenancy.table.n_ids, 1)
+    counts = tenancy.table.counts
+    inside = (numbers >= 0) & (numbers < len(counts))
+    out = np.zeros(len(numbers))
+    out[inside] = counts[numbers[inside]] / total
+    return out
+
+
+def _filter_params(index: SpannIndex, params: SearchParams, share: float) -> SearchParams:
+    """More lists for a query whose tenant holds less of the index (about ``k / share``
+    candidates must be scored to find ``k`` it may read), up to 8x the default."""
+    if params.max_postings is not None:
+        return params
+    base = default_postings(index.navigator.n_heads)
+    grow = int(min(8, max(1, round(0.1 / max(share, 1e-9)))))
+    return dataclasses.replace(params, max_postings=base * grow)
+
+
+async def _tree_batch(
+    index: SpannIndex, prepared: np.ndarray, k: int, numbers: np.ndarray, params: SearchParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tree route, registered as a reader, so a checkpoint does not hand the runs it
+    reads to the allocator before it is done."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
-        prepared = np.ascontiguousarray(tagged[:, :-1], np.float32)
-        numbers = tagged[:, -1].astype(np.int64)
-        ids, dist = await tenant_search(tenancy, prepared, k, numbers, params.tenant_candidates)
-        return ids, dist, np.zeros(0, np.int64)
+        return await tenant_search(require(index), prepared, k, numbers, params.tenant_candidates)
     finally:
         index.searches.discard(done)
         done.set_result(None)
