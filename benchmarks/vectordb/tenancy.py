@@ -19,11 +19,11 @@ Systems, each in a process of its own (_tenancy_worker.py), one after another, 2
 * ``ours_updates``: grant / revoke / insert / delete_tenant microseconds on a copy of the build.
 
 Every timed pass starts cold (the system's files dropped from the page cache). Per class: one
-batch call with the class's rows, then one query per call over a sample. Every result is
-checked against the access model here (``leaks``: must be 0). Tables go to stdout, progress to
-stderr; the last line is one JSON object whose keys (issue 15's) map each dataset to its figure.
-Builds, data and ground truth are cached under benchmarks/out/vectordb/tenancy/ (ours rebuilds
-when vectordb/*.py changes).
+batch call with the class's rows (median of 3 rounds), then one query per call over a sample.
+Every result is checked against the access model here (``leaks``: must be 0). Tables go to
+stdout, progress to stderr; the last line is one JSON object whose keys (issue 15's) map each
+dataset to its figure. Builds, data and ground truth are cached under
+benchmarks/out/vectordb/tenancy/ (ours rebuilds when vectordb/**/*.py changes).
 
 Quick (debian-minilm and the 200k set; 1-3 minutes with caches warm, ~5 more to build)::
 
@@ -56,7 +56,7 @@ from benchmarks.common.paths import OUT_DIR, REPO_ROOT
 from benchmarks.vectordb import _tenancy_report as report
 from benchmarks.vectordb._common import log, stdout_to_stderr
 from benchmarks.vectordb._data import Dataset
-from benchmarks.vectordb._tenancy_data import TenantSet, load, pair_keys, tenant_csr
+from benchmarks.vectordb._tenancy_data import TenantSet, load, locality, pair_keys, tenant_csr
 from benchmarks.vectordb._tenancy_ours import code_hash
 from benchmarks.vectordb._tenancy_peers import MAX_TENANT_FILES, Context, write_tenant_files
 
@@ -71,6 +71,7 @@ class Plan:
     single_rows: int  # per class, one query per call
     pass_s: float  # a pass stops taking rounds / queries after this
     worker_timeout_s: float
+    rounds: int  # batch passes per setting and class (the median; cold each)
 
 
 QUICK = Plan(
@@ -84,6 +85,7 @@ QUICK = Plan(
     20,
     20.0,
     900.0,
+    3,
 )
 FULL = Plan(
     ["debian-minilm", "tgen-1000000-10000"],
@@ -96,6 +98,7 @@ FULL = Plan(
     100,
     60.0,
     3600.0,
+    3,
 )
 # the test suite's: a tiny generated set, every system in its process, figures meaningless
 SMOKE = Plan(
@@ -105,6 +108,7 @@ SMOKE = Plan(
     4,
     10.0,
     120.0,
+    1,
 )
 
 
@@ -199,7 +203,8 @@ def run_dataset(
 ) -> dict[str, Any]:
     cache = out / "vectordb" / "tenancy"
     print(f"### {ts.name}\n")
-    print("```\n" + json.dumps(ts.describe()) + "\n```\n")
+    described = {**ts.describe(), "locality": locality(ts)}
+    print("```\n" + json.dumps(described) + "\n```\n")
     manifest = _work_files(ts, cache / "work" / ts.name)
     paths, build_s = _builds(runner, ts, cache, systems, notes)
     keys = pair_keys(ts.doc_indptr, ts.doc_tenants, ts.n_tenants)
@@ -212,6 +217,7 @@ def run_dataset(
         args = ["--system", system, "--manifest", str(manifest), "--index", paths[system]]
         args += ["--knobs", ",".join(plan.sweeps.get(system, [])), "--out", str(ids_path)]
         args += ["--single-rows", str(plan.single_rows), "--pass-s", str(plan.pass_s)]
+        args += ["--rounds", str(plan.rounds)]
         reply = _worker(args, plan.worker_timeout_s)
         if "failed" in reply:
             notes.append(f"{ts.name}: {system} failed: {reply['failed']}")
@@ -236,7 +242,7 @@ def run_dataset(
     if updates is not None:
         print(report.updates_table(ts.name, updates) + "\n")
     keys_out = report.headline(scored, updates, notes, ts.name)
-    keys_out["describe"] = ts.describe()
+    keys_out["describe"] = described
     keys_out["targets"] = report.verdicts(keys_out)
     print(report.verdict_lines(ts.name, keys_out, keys_out["targets"]) + "\n")
     return keys_out
