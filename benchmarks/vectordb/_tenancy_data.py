@@ -33,6 +33,7 @@ Files go under benchmarks/out/vectordb/tenancy/data/ (.npy, memory-mapped when r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -67,6 +68,18 @@ class TenantSet:
     row_tenant: np.ndarray  # int64 [rows]
     gt: np.ndarray  # int64 [rows, GT_K]: exact top among the row tenant's documents, -1 padded
     base_path: Path | None = None  # the .npy behind ``base`` (workers memory-map it)
+    version: str = ""  # the generator's, for generated sets: in every cached build's name
+
+    @property
+    def base_tag(self) -> str:
+        """Names builds of the vectors alone (faiss IVF, ours without tenancy)."""
+        return self.name + self.version
+
+    @property
+    def access_tag(self) -> str:
+        """Names builds of the vectors and the access model (ours, per-tenant files)."""
+        digest = hashlib.sha256(self.doc_indptr.tobytes() + self.doc_tenants.tobytes())
+        return f"{self.base_tag}-a{digest.hexdigest()[:8]}"
 
     @property
     def n(self) -> int:
@@ -374,7 +387,9 @@ def _generated(
     log(f"{name}: exact ground truth of {len(row_tenant)} rows")
     t_indptr = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
     gt = exact_tenant_gt(base, t_indptr, np.concatenate(docs), queries, row_tenant)
-    out = TenantSet(name, base, doc_indptr, doc_tenants, queries, row_tenant, gt, base_path)
+    out = TenantSet(
+        name, base, doc_indptr, doc_tenants, queries, row_tenant, gt, base_path, f"-v{_GEN_VERSION}"
+    )
     if data_dir is not None:
         np.savez(data_dir / f"{stem}_access.partial.npz", indptr=doc_indptr, indices=doc_tenants)
         (data_dir / f"{stem}_access.partial.npz").rename(data_dir / f"{stem}_access.npz")
@@ -398,6 +413,7 @@ def _read_generated(name: str, stem: str, per_class: int, data_dir: Path) -> Ten
         rows["tenant"],
         rows["gt_ids"],
         base_path,
+        f"-v{_GEN_VERSION}",
     )
 
 

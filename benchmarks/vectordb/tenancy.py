@@ -92,11 +92,11 @@ FULL = Plan(
     333,
     {
         "ours": ["64", "128", "256", "512", "1024", "2048", "4096", "default"],
-        "shared_filter": ["1", "2", "4", "8"],
+        "shared_filter": ["1", "4"],
         "faiss_ivf_filter": ["4", "8", "16", "32", "64", "128", "256", "512"],
     },
     100,
-    60.0,
+    30.0,
     3600.0,
     3,
 )
@@ -162,20 +162,24 @@ def _builds(
     seconds: dict[str, float] = {}
     if "ours" in systems:
         access = (ts.doc_indptr, ts.doc_tenants)
-        where, seconds["ours"] = cached_build(runner, cache / "spann", ts.name, ts.base, access)
+        where, seconds["ours"] = cached_build(
+            runner, cache / "spann", ts.access_tag, ts.base, access
+        )
         paths["ours"] = str(where)
     if "shared_filter" in systems or "ours" in systems:
         where, seconds["shared_filter"] = cached_build(
-            runner, cache / "spann", ts.name, ts.base, None
+            runner, cache / "spann", ts.base_tag, ts.base, None
         )
         paths["shared_filter"] = str(where)
     if "faiss_ivf_filter" in systems:
-        ds = Dataset(ts.name, ts.base, ts.queries, ts.gt, "cosine")
+        ds = Dataset(ts.base_tag, ts.base, ts.queries, ts.gt, "cosine")
         with stdout_to_stderr():
             ivf = MemorySystem("ivf", ds, cache / "faiss")
         seconds["faiss_ivf_filter"] = ivf.build_s
         ivf.close()
-        paths["faiss_ivf_filter"] = str(cache / "faiss" / f"{ts.name}-ivf{nlist_for(ts.n)}.index")
+        paths["faiss_ivf_filter"] = str(
+            cache / "faiss" / f"{ts.base_tag}-ivf{nlist_for(ts.n)}.index"
+        )
     if "per_tenant_disk" in systems:
         if ts.n_tenants > MAX_TENANT_FILES:
             notes.append(
@@ -185,7 +189,7 @@ def _builds(
         else:
             t_indptr, t_docs = tenant_csr(ts.doc_indptr, ts.doc_tenants)
             ctx = Context(ts.base, ts.queries, ts.row_tenant, t_indptr, t_docs)
-            where = cache / "pertenant" / ts.name
+            where = cache / "pertenant" / ts.access_tag
             seconds["per_tenant_disk"] = write_tenant_files(ctx, where, log)
             paths["per_tenant_disk"] = str(where)
     paths["per_tenant_ram"] = ""
