@@ -20,8 +20,13 @@ from vectordb.metric import Metric, pairwise_distances, prepare, to_scores
 Tenant = int | str
 
 EVERYTHING = SearchParams(max_postings=100_000, prune_ratio=1e9)
-# every shortlist and every posting list: a tenant search that must equal brute force
+# every shortlist and every posting list: a tenant search that must equal brute force, on
+# whichever route (the tenant's shortlists, or the shared lists filtered) the index takes
 EXACT = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_candidates=0)
+# each route forced, exact: every shortlist of the tenant; every shared list, filtered
+EXACT_TREE = SearchParams(tenant_candidates=0, tenant_route="tree")
+EXACT_FILTER = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_route="filter")
+EXACT_ROUTES = (EXACT, EXACT_TREE, EXACT_FILTER)
 
 
 def norm(tenant: Any) -> Tenant:

@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tests.vectordb.helpers import clustered
 from tests.vectordb.tenancy_check import (
     EXACT,
+    EXACT_ROUTES,
     Model,
     assert_exact,
     assert_index_matches,
@@ -105,10 +106,12 @@ class TenancyMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- rules
     @initialize(
-        n=st.integers(40, 120),
+        # a few vectors leave the tree a root until inserts reach two leaves (then it is
+        # trained again and every shortlist placed again)
+        n=st.one_of(st.integers(40, 120), st.integers(2, 12)),
         seed=st.integers(0, 2**16),
         tau=st.integers(2, 4),
-        leaf=st.integers(2, 4),
+        leaf=st.sampled_from([2, 3, 4, 16]),
         branching=st.integers(2, 4),
         form=st.sampled_from(["lists", "csr", "numpy"]),
     )
@@ -235,10 +238,17 @@ class TenancyMachine(RuleBasedStateMachine):
                 queries[q] = self.model.vectors[int(rng.choice(mine))]
         queries_arr = np.stack(queries).astype(np.float32)
         tenant: Any = tenants[0] if one else tenants
+        for route, params in zip(("auto", "tree", "filter"), EXACT_ROUTES, strict=True):
+            exact = self._run(self.idx.search(queries_arr, k, params, tenant=tenant))
+            what = f"{self._what()}exact {route}: "
+            assert_exact(self.metric, self.model, queries_arr, k, tenant, exact, what)
         what = self._what()
-        exact = self._run(self.idx.search(queries_arr, k, EXACT, tenant=tenant))
-        assert_exact(self.metric, self.model, queries_arr, k, tenant, exact, what)
-        for params in (None, SearchParams(tenant_candidates=3)):
+        for params in (
+            None,
+            SearchParams(tenant_candidates=3),
+            SearchParams(tenant_route="tree"),
+            SearchParams(tenant_route="filter", max_postings=1),
+        ):
             found, _ = self._run(self.idx.search(queries_arr, k, params, tenant=tenant))
             tenant_list = [tenant] * len(queries_arr) if one else tenants
             assert_no_leaks(found, tenant_list, self.model.readable, what)
