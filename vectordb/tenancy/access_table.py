@@ -4,9 +4,10 @@ This is the access truth of the index: a search answers a tenant only with ids t
 that tenant may read at that moment, whatever the shortlist pages hold (a revoked record may
 still sit in a shortlist run until it is rewritten).
 
-Storage (about 28 bytes per vector plus 4 per (vector, tenant) pair): ids sorted in one int64
-array with parallel ``loc`` (int64, the home copy: tenant_store.home_location), ``leaf``
-(int32) and a CSR of tenant numbers (``ptr`` int64 [n + 1], ``tenants`` int32, sorted per id);
+Storage (about 20 bytes per vector plus 4 per (vector, tenant) pair): ids sorted in one int64
+array with parallel ``loc`` (the home copy: tenant_store; uint32 while every location fits,
+else int64), ``leaf`` (int32) and a CSR of tenant numbers (``ptr`` [n + 1], uint32 while it
+fits, ``tenants`` int32, sorted per id);
 changes since the last merge sit in a dict that overrides the arrays for its ids (None: the id
 was removed). Per-tenant pair counts are kept as they change, so ``count`` costs nothing.
 
@@ -48,7 +49,7 @@ class AccessTable:
             return self.delta[vid]
         pos = int(np.searchsorted(self.ids, vid))
         if pos < len(self.ids) and self.ids[pos] == vid:
-            a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])
+            a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])  # uint32 or int64: as ints
             tenants = tuple(self.tenants[a:b].tolist())
             return Entry(int(self.loc[pos]), int(self.leaf[pos]), tenants)
         return None
@@ -65,8 +66,9 @@ class AccessTable:
         if n and len(ids):
             pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
             found = self.ids[pos] == ids
-            starts = np.where(found, self.ptr[pos], 0)
-            lengths = np.where(found, self.ptr[pos + 1] - self.ptr[pos], 0)
+            ptr = self.ptr.astype(np.int64, copy=False)
+            starts = np.where(found, ptr[pos], 0)
+            lengths = np.where(found, ptr[pos + 1] - ptr[pos], 0)
             rows = np.repeat(np.arange(len(ids)), lengths)
             offsets = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             hit = self.tenants[np.repeat(starts, lengths) + offsets] == tenants[rows]
@@ -87,7 +89,8 @@ class AccessTable:
         if n and len(ids):
             pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
             found = self.ids[pos] == ids
-            loc[found], leaf[found] = self.loc[pos[found]], self.leaf[pos[found]]
+            loc[found] = self.loc[pos[found]].astype(np.int64)
+            leaf[found] = self.leaf[pos[found]]
         if self.delta:
             for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
                 entry = self.delta[int(ids[i])]
@@ -135,7 +138,7 @@ class AccessTable:
         keep = self.tenants != tenant
         if not keep.all():
             kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-            self.ptr = kept[self.ptr]  # each id's run shrinks by its dropped pairs
+            self.ptr = _narrow(kept[self.ptr])  # each id's run shrinks by its dropped pairs
             self.tenants = self.tenants[keep]
         for vid, entry in list(self.delta.items()):
             if entry is not None and tenant in entry.tenants:
@@ -174,15 +177,16 @@ class AccessTable:
             return
         changed = self._delta_array()
         keep = ~np.isin(self.ids, changed)
-        lengths = np.diff(self.ptr)[keep]
-        pair_keep = np.repeat(keep, np.diff(self.ptr))
+        all_lengths = np.asarray(np.diff(self.ptr.astype(np.int64)), np.int64)
+        lengths = all_lengths[keep]
+        pair_keep = np.repeat(keep, all_lengths)
         entries = [(vid, e) for vid, e in self.delta.items() if e is not None]
         new_ids = np.array([vid for vid, _ in entries], np.int64)
         new_lengths = np.array([len(e.tenants) for _, e in entries], np.int64)
         flat = [t for _, e in entries for t in e.tenants]
         self.load(
             np.concatenate([self.ids[keep], new_ids]),
-            np.concatenate([self.loc[keep], [e.loc for _, e in entries]]).astype(np.int64),
+            np.concatenate([self.loc[keep].astype(np.int64), [e.loc for _, e in entries]]),
             np.concatenate([self.leaf[keep], [e.leaf for _, e in entries]]).astype(np.int32),
             np.concatenate([lengths, new_lengths]),
             np.concatenate([self.tenants[pair_keep], np.array(flat, np.int32)]),
@@ -202,9 +206,9 @@ class AccessTable:
         gather = np.repeat(starts[order], lengths) + (
             np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         )
-        self.ids, self.loc, self.leaf = ids[order], loc[order], leaf[order]
+        self.ids, self.loc, self.leaf = ids[order], _narrow(loc[order]), leaf[order]
         self.tenants = np.asarray(tenants, np.int32)[gather.astype(np.int64)]
-        self.ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.ptr = _narrow(np.concatenate([[0], np.cumsum(lengths)]))
         _sort_runs(self.tenants, self.ptr)
         if recount:
             self.delta.clear()
@@ -225,12 +229,20 @@ class AccessTable:
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         self.load(
             arrays["access_ids"], arrays["access_loc"], arrays["access_leaf"],
-            np.diff(arrays["access_ptr"]), arrays["access_tenants"],
+            np.diff(arrays["access_ptr"].astype(np.int64)), arrays["access_tenants"],
         )  # fmt: skip
 
     def resident_bytes(self) -> int:
         arrays = (self.ids, self.loc, self.leaf, self.ptr, self.tenants, self.counts)
         return sum(a.nbytes for a in arrays) + 200 * len(self.delta)
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """Non-negative int64 values as uint32 when they fit (half the bytes; reads widen)."""
+    values = np.asarray(values, np.int64)
+    if not len(values) or (values.min() >= 0 and values.max() < 2**32):
+        return values.astype(np.uint32)
+    return values
 
 
 def _sort_runs(values: np.ndarray, ptr: np.ndarray) -> None:

@@ -123,8 +123,8 @@ async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: Sear
     prepared = np.ascontiguousarray(tagged[:, :-1], np.float32)
     numbers = tagged[:, -1].astype(np.int64)
     share = _shares(tenancy, numbers)
-    if params.tenant_route == "auto":
-        filtered = share >= FILTER_ROUTE_SHARE
+    if params.tenant_route == "auto":  # an exact search (tenant_candidates=0) takes the tree
+        filtered = (share >= FILTER_ROUTE_SHARE) & (params.tenant_candidates != 0)
     else:
         filtered = np.full(len(numbers), params.tenant_route == "filter")
     ids = np.full((len(numbers), k), -1, np.int64)
@@ -138,6 +138,12 @@ async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: Sear
         wider = _filter_params(index, params, float(share[rows].min()))
         access = (tenancy.table.member, numbers[rows])
         ids[rows], dist[rows], skipped = await run_batch(index, prepared[rows], k, wider, access)
+        # a query whose lists held fewer than k vectors its tenant may read gets the tree
+        wanted = np.minimum(k, tenancy.table.counts[np.maximum(numbers, 0)])
+        short = filtered & ((ids >= 0).sum(axis=1) < wanted)
+        if short.any():
+            answer = await _tree_batch(index, prepared[short], k, numbers[short], params)
+            ids[short], dist[short] = answer
     return ids, dist, skipped
 
 

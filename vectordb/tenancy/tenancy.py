@@ -105,7 +105,7 @@ class Tenancy:
         self.shortlists.restore(arrays["shortlists"], self.tree.parent)
         self.store.restore(arrays, int(state["next_pid"]), int(state["home_pid"]))
         used = {e.pid for t in self.shortlists.trees.values() for e in t.values() if e}
-        used.update((self.table.loc >> POSITION_BITS).tolist())
+        used.update((self.table.loc.astype(np.int64) >> POSITION_BITS).tolist())
         if self.store.home_pid >= 0:
             used.add(self.store.home_pid)
         self.store.free_pids = sorted(set(range(self.store.next_pid)) - used, reverse=True)
@@ -212,20 +212,20 @@ class Tenancy:
         """Train the tree on every vector so far and place every pair again."""
         self.table.merge()
         old = self.table
-        old_ids = old.ids
-        old_vectors = await self.store.read_home(old_ids, old.loc) if len(old_ids) else stored[:0]
+        old_ids, old_loc = old.ids, old.loc.astype(np.int64)
+        old_vectors = await self.store.read_home(old_ids, old_loc) if len(old_ids) else stored[:0]
         for tenant_tree in self.shortlists.trees.values():
             for entry in tenant_tree.values():
                 if entry is not None:
                     self.store.release(entry.pid)
-        for pid in np.unique(old.loc >> POSITION_BITS).tolist():
+        for pid in np.unique(old_loc >> POSITION_BITS).tolist():
             self.store.release(pid)  # home blocks: every vector gets a new home copy
         self.store.home_pid = -1
         self.shortlists = TenantShortlists()
         new_lengths = np.diff(indptr)
         all_ids = np.concatenate([old_ids, ids])
         all_vectors = np.concatenate([old_vectors, stored])
-        lengths = np.concatenate([np.diff(old.ptr), new_lengths])
+        lengths = np.concatenate([np.diff(old.ptr.astype(np.int64)), new_lengths])
         tenants = np.concatenate([old.tenants.astype(np.int64), numbers])
         await self.bulk_load(all_ids, all_vectors, lengths, tenants)
 

@@ -83,7 +83,7 @@ def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> li
             held += entry.live
             continue
         kids = [c for c in tree.children(node) if c in shortlists]
-        centres = tree.centroids[kids]
+        centres = tree.centroids[kids].astype(np.float32)
         diff = centres - query
         for child, dist in zip(kids, np.einsum("ij,ij->i", diff, diff).tolist(), strict=True):
             heapq.heappush(heap, (dist, child))
