@@ -104,7 +104,7 @@ class Tenancy:
         self.table.restore(arrays)
         self.shortlists.restore(arrays["shortlists"], self.tree.parent)
         self.store.restore(arrays, int(state["next_pid"]), int(state["home_pid"]))
-        used = {e.pid for t in self.shortlists.trees.values() for e in t.values() if e}
+        used = {e.pid for e in self.shortlists.entries()}
         used.update((self.table.loc.astype(np.int64) >> POSITION_BITS).tolist())
         if self.store.home_pid >= 0:
             used.add(self.store.home_pid)
@@ -130,6 +130,7 @@ class Tenancy:
         for tenant in np.unique(numbers).tolist():
             mine = pair_rows[numbers == tenant]
             await place(self, tenant, ids[mine], leaves[mine], locations[mine], stored[mine])
+            self.shortlists.compact(tenant)
         self.counters["grants"] += len(numbers)
 
     async def apply_grant(self, ids: np.ndarray, name: TenantId) -> int:
@@ -142,6 +143,7 @@ class Tenancy:
         ids, locations, leaves = ids[new], locations[new], leaves[new]
         vectors = await self.store.read_home(ids, locations)
         await place(self, tenant, ids, leaves, locations, vectors)
+        self.shortlists.compact(tenant)
         self.counters["grants"] += len(ids)
         return len(ids)
 
@@ -174,9 +176,8 @@ class Tenancy:
         tenant = self.names.number(name)
         if tenant is None:
             return 0
-        for entry in self.shortlists.trees.pop(tenant, {}).values():
-            if entry is not None:
-                self.store.release(entry.pid)
+        for entry in self.shortlists.pop(tenant):
+            self.store.release(entry.pid)
         return self.table.remove_tenant(tenant)
 
     async def _settle_removed(self, tenant: int, leaves: list[int]) -> None:
@@ -184,12 +185,13 @@ class Tenancy:
         for leaf in leaves:
             node = self.shortlists.locate(tenant, self.tree.path(leaf))
             if node is not None:
-                entry = self.shortlists.trees[tenant][node]
+                entry = self.shortlists.edit(tenant)[node]
                 assert entry is not None
                 entry.live -= 1
                 touched[node] = int(self.tree.depth[node])
         for node in sorted(touched, key=touched.__getitem__, reverse=True):
             await settle(self, tenant, node)
+        self.shortlists.compact(tenant)
 
     def _numbers(self, rows: TenantRows) -> np.ndarray:
         _, refs, names = rows
@@ -214,10 +216,8 @@ class Tenancy:
         old = self.table
         old_ids, old_loc = old.ids, old.loc.astype(np.int64)
         old_vectors = await self.store.read_home(old_ids, old_loc) if len(old_ids) else stored[:0]
-        for tenant_tree in self.shortlists.trees.values():
-            for entry in tenant_tree.values():
-                if entry is not None:
-                    self.store.release(entry.pid)
+        for entry in self.shortlists.entries():
+            self.store.release(entry.pid)
         for pid in np.unique(old_loc >> POSITION_BITS).tolist():
             self.store.release(pid)  # home blocks: every vector gets a new home copy
         self.store.home_pid = -1
@@ -257,7 +257,7 @@ class Tenancy:
         pending = 0
         for group in np.split(order, bounds) if len(order) else []:
             tenant = int(tenants[group[0]])
-            shortlists = self.shortlists.trees.setdefault(tenant, {})
+            shortlists = self.shortlists.edit(tenant)
             for node, rows in bulk_items(self, tenant, pair_rows[group], leaves):
                 entry = shortlists[node]
                 assert entry is not None
@@ -269,4 +269,5 @@ class Tenancy:
                 await self.store.write(items)
                 items, pending = [], 0
         await self.store.write(items)
+        self.shortlists.compact_all()
         self.counters["grants"] += len(tenants)

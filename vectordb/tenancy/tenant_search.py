@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vectordb.metric import pairwise_distances
-from vectordb.tenancy.shortlists import Shortlist
 from vectordb.tenancy.tenant_store import location_versions
 
 if TYPE_CHECKING:
@@ -65,12 +64,14 @@ def _written(tenancy: Tenancy, pids: list[int]) -> list[int]:
 
 def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> list[int]:
     """The pids of the shortlists ``query`` reads, nearest first."""
-    shortlists = tenancy.shortlists.trees.get(tenant) if tenant >= 0 else None
+    if tenant < 0:
+        return []
+    root = tenancy.shortlists.root(tenant)
+    if root is not None:
+        return [root.pid]
+    shortlists = tenancy.shortlists.view(tenant)
     if not shortlists:
         return []
-    root = shortlists.get(0)
-    if isinstance(root, Shortlist):
-        return [root.pid]
     tree = tenancy.tree
     heap: list[tuple[float, int]] = [(0.0, 0)]
     taken: list[int] = []

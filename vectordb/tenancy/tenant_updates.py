@@ -54,7 +54,7 @@ async def place(
     vectors: np.ndarray,
 ) -> None:  # fmt: skip
     """Put pairs (already in the access table) into ``tenant``'s shortlists."""
-    tree, shortlists = tenancy.tree, tenancy.shortlists.trees.setdefault(tenant, {})
+    tree, shortlists = tenancy.tree, tenancy.shortlists.edit(tenant)
     rows_of: dict[int, list[int]] = {}
     fresh: set[int] = set()
     for row, leaf in enumerate(leaves.tolist()):
@@ -88,7 +88,7 @@ async def place(
 
 
 async def _split(tenancy: Tenancy, tenant: int, node: int) -> None:
-    shortlists = tenancy.shortlists.trees[tenant]
+    shortlists = tenancy.shortlists.edit(tenant)
     old = shortlists[node]
     assert old is not None
     batch = await tenancy.store.read(np.array([old.pid]))
@@ -143,9 +143,9 @@ def _mark_internal(tenancy: Tenancy, shortlists: TenantTreeMap, node: int, stop:
 
 async def settle(tenancy: Tenancy, tenant: int, node: int) -> None:
     """Restore the invariants after ``node``'s shortlist lost pairs."""
-    shortlists = tenancy.shortlists.trees.get(tenant)
-    if shortlists is None:
+    if tenant not in tenancy.shortlists:
         return
+    shortlists = tenancy.shortlists.edit(tenant)
     entry = shortlists.get(node)
     if entry is None:
         return  # merged away meanwhile
@@ -160,13 +160,11 @@ async def settle(tenancy: Tenancy, tenant: int, node: int) -> None:
         parent = int(tenancy.tree.parent[parent])
     while parent >= 0 and await _merge(tenancy, tenant, parent):
         parent = int(tenancy.tree.parent[parent])
-    if not shortlists:
-        del tenancy.shortlists.trees[tenant]
 
 
 def _prune(tenancy: Tenancy, tenant: int, node: int) -> None:
     """Drop internal nodes of ``tenant`` left with no child, from ``node`` up."""
-    shortlists = tenancy.shortlists.trees[tenant]
+    shortlists = tenancy.shortlists.edit(tenant)
     tree = tenancy.tree
     while node >= 0 and shortlists.get(node, False) is None:
         if any(c in shortlists for c in tree.children(node)):
@@ -177,7 +175,7 @@ def _prune(tenancy: Tenancy, tenant: int, node: int) -> None:
 
 async def _merge(tenancy: Tenancy, tenant: int, node: int) -> bool:
     """Merge ``node``'s children into it if they are all shortlists that fit together."""
-    shortlists = tenancy.shortlists.trees[tenant]
+    shortlists = tenancy.shortlists.edit(tenant)
     if shortlists.get(node, False) is not None:
         return False
     kids = [c for c in tenancy.tree.children(node) if c in shortlists]
@@ -194,7 +192,7 @@ async def _merge(tenancy: Tenancy, tenant: int, node: int) -> bool:
 async def _rewrite(tenancy: Tenancy, tenant: int, node: int, sources: list[int]) -> None:
     """One new run at ``node`` from the live records of the shortlists at ``sources``; the
     map switches to it only once it is written (searches meanwhile read the old runs)."""
-    shortlists = tenancy.shortlists.trees[tenant]
+    shortlists = tenancy.shortlists.edit(tenant)
     old = [shortlists[s] for s in sources]
     batch = await tenancy.store.read(np.array([e.pid for e in old if e is not None]))
     records = live_records(tenancy, batch.records, tenant)
@@ -218,7 +216,7 @@ def bulk_items(
 ) -> list[tuple[int, np.ndarray]]:
     """(node, rows) of ``tenant``'s shortlists for all its rows at once (shortlist entries are
     made here; the caller writes the runs)."""
-    shortlists = tenancy.shortlists.trees.setdefault(tenant, {})
+    shortlists = tenancy.shortlists.edit(tenant)
     placed = _distribute(tenancy, 0, leaves, rows)
     for node, part in placed:
         shortlists[node] = Shortlist(tenancy.store.take_pid(), len(part))
