@@ -174,13 +174,19 @@ class SharedFilter:
     def values(self, requested: list[str]) -> list[Any]:
         return [float(v) for v in requested]
 
-    def _round(self, queries: np.ndarray, kprime: int, postings: int, first: bool) -> np.ndarray:
+    def _round(
+        self, queries: np.ndarray, kprime: int, postings: int, first: bool, deadline: float
+    ) -> np.ndarray:
+        """Results of the first queries of a round (every query in the first round; in later
+        ones, those whose chunk started before ``deadline``)."""
         params = SearchParams(max_postings=postings)  # later rounds: no pruning either
         if not first:
             params = SearchParams(max_postings=postings, prune_ratio=float("inf"))
         chunk = max(1, _MAX_RESULT_CELLS // kprime)
-        parts = []
+        parts = [np.zeros((0, kprime), np.int64)]
         for start in range(0, len(queries), chunk):
+            if not first and time.perf_counter() > deadline:
+                break
             found = self.runner.run(
                 self.index.search(queries[start : start + chunk], kprime, params)
             )
@@ -192,9 +198,9 @@ class SharedFilter:
         todo = np.arange(len(rows))
         kprime, postings, first = _FIRST_KPRIME, max(1, round(value * self.default)), True
         while len(todo):
-            found = self._round(self.ctx.queries[rows[todo]], kprime, postings, first)
-            left = []
-            for where, ids in zip(todo, found, strict=True):
+            found = self._round(self.ctx.queries[rows[todo]], kprime, postings, first, deadline)
+            left = list(todo[len(found) :])  # cut short by the deadline: what earlier rounds found
+            for where, ids in zip(todo, found, strict=False):
                 docs = self.ctx.docs_of(int(self.ctx.row_tenant[rows[where]]))
                 ids = ids[ids >= 0]
                 slot = np.minimum(np.searchsorted(docs, ids), max(len(docs) - 1, 0))
@@ -202,7 +208,7 @@ class SharedFilter:
                 out[where, : min(K, len(allowed))] = allowed[:K]
                 if len(allowed) < K and len(allowed) < len(docs):
                     left.append(where)
-            exhausted = kprime >= self.live and postings >= self.heads
+            exhausted = kprime >= self.live and postings >= self.heads and len(found) == len(todo)
             if exhausted or time.perf_counter() > deadline:
                 return out, 0 if exhausted else len(left)
             todo = np.array(left, np.int64)
