@@ -4,10 +4,10 @@ This is the access truth of the index: a search answers a tenant only with ids t
 that tenant may read at that moment, whatever the shortlist pages hold (a revoked record may
 still sit in a shortlist run until it is rewritten).
 
-Storage (about 20 bytes per vector plus 4 per (vector, tenant) pair): ids sorted in one int64
+Storage (about 18 bytes per vector plus 4 per (vector, tenant) pair): ids sorted in one int64
 array with parallel ``loc`` (the home copy: tenant_store; uint32 while every location fits,
-else int64), ``leaf`` (int32) and a CSR of tenant numbers (``ptr`` [n + 1], uint32 while it
-fits, ``tenants`` int32, sorted per id);
+else int64), ``leaf`` (uint16 while the tree has fewer than 65,536 nodes, else int32) and a
+CSR of tenant numbers (``ptr`` [n + 1], uint32 while it fits, ``tenants`` int32, sorted per id);
 changes since the last merge sit in a dict that overrides the arrays for its ids (None: the id
 was removed). Per-tenant pair counts are kept as they change, so ``count`` costs nothing.
 
@@ -90,7 +90,7 @@ class AccessTable:
             pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
             found = self.ids[pos] == ids
             loc[found] = self.loc[pos[found]].astype(np.int64)
-            leaf[found] = self.leaf[pos[found]]
+            leaf[found] = self.leaf[pos[found]].astype(np.int32)
         if self.delta:
             for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
                 entry = self.delta[int(ids[i])]
@@ -187,7 +187,7 @@ class AccessTable:
         self.load(
             np.concatenate([self.ids[keep], new_ids]),
             np.concatenate([self.loc[keep].astype(np.int64), [e.loc for _, e in entries]]),
-            np.concatenate([self.leaf[keep], [e.leaf for _, e in entries]]).astype(np.int32),
+            np.concatenate([self.leaf[keep].astype(np.int32), [e.leaf for _, e in entries]]),
             np.concatenate([lengths, new_lengths]),
             np.concatenate([self.tenants[pair_keep], np.array(flat, np.int32)]),
             recount=False,
@@ -206,7 +206,10 @@ class AccessTable:
         gather = np.repeat(starts[order], lengths) + (
             np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         )
-        self.ids, self.loc, self.leaf = ids[order], _narrow(loc[order]), leaf[order]
+        leaf = np.asarray(leaf)[order]
+        small = not len(leaf) or (leaf.min() >= 0 and leaf.max() < 2**16)
+        self.ids, self.loc = ids[order], _narrow(loc[order])
+        self.leaf = leaf.astype(np.uint16 if small else np.int32)  # trees rarely reach 64k nodes
         self.tenants = np.asarray(tenants, np.int32)[gather.astype(np.int64)]
         self.ptr = _narrow(np.concatenate([[0], np.cumsum(lengths)]))
         _sort_runs(self.tenants, self.ptr)
