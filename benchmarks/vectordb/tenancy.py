@@ -79,7 +79,7 @@ QUICK = Plan(
     100,
     {
         "ours": ["64", "128", "256", "512", "1024", "2048", "default"],
-        "shared_filter": ["1", "4"],
+        "shared_filter": ["1"],
         "faiss_ivf_filter": ["8", "16", "32", "64", "128", "256"],
     },
     20,
@@ -222,7 +222,9 @@ def run_dataset(
         args += ["--knobs", ",".join(plan.sweeps.get(system, [])), "--out", str(ids_path)]
         args += ["--single-rows", str(plan.single_rows), "--pass-s", str(plan.pass_s)]
         args += ["--rounds", str(plan.rounds)]
+        started = time.perf_counter()
         reply = _worker(args, plan.worker_timeout_s)
+        log(f"=== {ts.name}: {system} took {time.perf_counter() - started:.1f} s")
         if "failed" in reply:
             notes.append(f"{ts.name}: {system} failed: {reply['failed']}")
             continue
@@ -233,7 +235,9 @@ def run_dataset(
         log(f"=== {ts.name}: ours_updates")
         args = ["--system", "ours_updates", "--manifest", str(manifest), "--index", paths["ours"]]
         args += ["--plain", paths["shared_filter"], "--scratch", str(cache / "scratch")]
+        started = time.perf_counter()
         reply = _worker(args, plan.worker_timeout_s)
+        log(f"=== {ts.name}: ours_updates took {time.perf_counter() - started:.1f} s")
         if "failed" in reply:
             notes.append(f"{ts.name}: ours_updates failed: {reply['failed']}")
         else:
