@@ -466,28 +466,40 @@ def test_shortlists_split_and_merge_and_stay_exact(tmp_path: Path, metric: str) 
     asyncio.run(main())
 
 
-def test_a_large_tenant_and_a_tiny_one_in_one_batch(tmp_path: Path) -> None:
-    """A tenant reading most of the index (the filtered SPANN path) and one reading a few ids
-    (its shortlists), in the same batch, with default params: no leaks, good recall."""
+SHARES = {"p40": 5, "p6": 16, "p1": 100, "p0.3": 300}  # tenant: every how many-th vector
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_tenants_of_every_size_in_one_batch(tmp_path: Path, metric: str) -> None:
+    """Tenants reading 40%, 6%, 1% and 0.3% of the index in the same batch (the large ones
+    on the filtered shared lists, the small ones on their shortlists): with default params no
+    leaks, k results wherever the tenant has k, recall@10 >= 0.9 for each; and
+    ``tenant_candidates=0`` alone (the contract: every shortlist) is exact for every size."""
     n = 2000
 
     async def main() -> None:
         vectors = clustered(n, DIM, seed=20)
-        rows = [
-            ["big", "tiny"] if i % 100 == 1 else [] if i % 10 == 0 else ["big"] for i in range(n)
-        ]
+        rows = [[t for t, every in SHARES.items() if i % every == 0] for i in range(n)]
         model = Model()
         model.insert(range(n), vectors, rows)
-        async with await SpannIndex.create(tmp_path / "i", _config(shortlist_limit=8)) as index:
+        m = Metric(metric)
+        config = _config(metric=metric, shortlist_limit=8, tenant_leaf_size=8)
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(np.arange(n), vectors, tenants=rows)
-            queries = clustered(40, DIM, seed=21)
-            tenants = ["big", "tiny"] * 20
+            queries = clustered(80, DIM, seed=21)
+            tenants = list(SHARES) * 20
             found, _ = await index.search(queries, 10, tenant=tenants)
             assert_no_leaks(found, tenants, model.readable)
-            exact = await index.search(queries, 10, EXACT, tenant=tenants)
-            assert_exact(Metric.L2, model, queries, 10, tenants, exact)
-            hits = [len(set(a) & set(b)) for a, b in zip(found.tolist(), exact.ids.tolist(),
-                                                         strict=True)]  # fmt: skip
-            assert np.mean(hits) / 10 >= 0.9, np.mean(hits)
+            exact = await index.search(
+                queries, 10, SearchParams(tenant_candidates=0), tenant=tenants
+            )
+            assert_exact(m, model, queries, 10, tenants, exact, "tenant_candidates=0: ")
+            for t in SHARES:
+                rows_t = [q for q, name in enumerate(tenants) if name == t]
+                want = min(10, model.count(t))
+                filled = (found[rows_t] >= 0).sum(1)
+                assert (filled == want).all(), f"{t}: {filled.tolist()} results, want {want}"
+                hits = [len(set(found[q].tolist()) & set(exact.ids[q].tolist())) for q in rows_t]
+                assert np.mean(hits) / want >= 0.9, (t, np.mean(hits) / want)
 
     asyncio.run(main())

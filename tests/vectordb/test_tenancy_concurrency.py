@@ -8,10 +8,12 @@ one at its end. Small concurrent searches of different tenants are gathered into
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.vectordb.helpers import clustered
 from tests.vectordb.tenancy_check import (
@@ -39,12 +41,12 @@ CONFIG = IndexConfig(
 )
 
 
-def _base() -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:
+def _base(n: int = N) -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:
     rng = np.random.default_rng(1)
     weights = np.array([0.3, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02, 0.01, 0.0])
     rows = [[TENANTS[j] for j in np.flatnonzero(rng.random(len(TENANTS)) < weights)]
-            for _ in range(N)]  # fmt: skip
-    return np.arange(N, dtype=np.int64), clustered(N, DIM, seed=1, clusters=8), rows
+            for _ in range(n)]  # fmt: skip
+    return np.arange(n, dtype=np.int64), clustered(n, DIM, seed=1, clusters=8), rows
 
 
 class History:
@@ -74,7 +76,11 @@ class History:
         return of
 
 
-async def _writer(index: SpannIndex, history: History, ops: int, done: asyncio.Event) -> None:
+async def _writer(
+    index: SpannIndex, history: History, ops: int, done: asyncio.Event, inserts_first: int = 0
+) -> None:
+    """``ops`` random changes (the first ``inserts_first`` of them inserts), each recorded in
+    ``history`` before it is made."""
     rng = np.random.default_rng(7)
     model = history.model
     next_id = 10_000
@@ -82,7 +88,7 @@ async def _writer(index: SpannIndex, history: History, ops: int, done: asyncio.E
         for step in range(ops):
             tenant = TENANTS[int(rng.integers(len(TENANTS)))]
             live = sorted(model.vectors)
-            roll = rng.random()
+            roll = 0.8 if step < inserts_first or len(live) < 10 else rng.random()
             if roll < 0.4:
                 ids = rng.choice(live, int(rng.integers(1, 40)), replace=False)
                 op: tuple[Any, ...] = ("grant", ids, tenant)
@@ -141,12 +147,17 @@ async def _reader(
     return searches, overlapped
 
 
-def test_searches_during_grants_and_revokes_never_leak(tmp_path: Path) -> None:
+@pytest.mark.parametrize("young", [False, True], ids=["built", "young"])
+def test_searches_during_grants_and_revokes_never_leak(tmp_path: Path, young: bool) -> None:
+    """``young``: built from 4 vectors with tree leaves of 16, so the tenant tree is trained
+    again (every shortlist placed anew) while searches run."""
+
     async def main() -> None:
-        ids, vectors, rows = _base()
+        ids, vectors, rows = _base(4 if young else N)
         model = Model()
         model.insert(ids.tolist(), vectors, rows)
-        async with await SpannIndex.create(tmp_path / "i", CONFIG) as index:
+        config = dataclasses.replace(CONFIG, tenant_leaf_size=16) if young else CONFIG
+        async with await SpannIndex.create(tmp_path / "i", config) as index:
             await index.build(ids, vectors, tenants=rows)
             history = History(model)
             done = asyncio.Event()
@@ -154,11 +165,14 @@ def test_searches_during_grants_and_revokes_never_leak(tmp_path: Path) -> None:
                 asyncio.create_task(_reader(index, history, done, seed, batch))
                 for seed, batch in enumerate([1, 1, 1, 1, 2, 8, 40])
             ]
-            await _writer(index, history, 150, done)
+            await _writer(index, history, 150, done, inserts_first=15 if young else 0)
             counts = await asyncio.gather(*readers)
             assert sum(s for s, _ in counts) > 100, counts
             assert sum(o for _, o in counts) > 20, f"too few searches overlapped a write {counts}"
-            await assert_index_matches(index, model, TENANTS, range(N), "after the run: ")
+            every = sorted(set(model.vectors) | set(ids.tolist()))
+            await assert_index_matches(index, model, TENANTS, every, "after the run: ")
+            if young:
+                assert index.stats()["tenant_tree_nodes"] > 1, "the tree was never trained"
 
     asyncio.run(main())
 

@@ -1,7 +1,8 @@
 """Multi-tenant SpannIndex (issue 15) against a plain dict model: a hypothesis state machine
 interleaving insert (with tenants per row, both row forms), delete, grant, revoke, delete_tenant,
-checkpoint, reopen and search, with shortlists of 2-4 ids and tree nodes of 2-4 points so that
-shortlists split and merge on nearly every step.
+checkpoint, reopen, power cut (FaultyEngine; the reopen replays the log) and search, with
+shortlists of 2-4 ids and tree nodes of 2-4 points (or 16, and a build of a few vectors, so the
+tree is trained again as inserts arrive) so that shortlists split and merge all the time.
 
 After every step: ``count`` and ``tenants_of`` equal the model for every tenant and id ever used,
 and a whole-tenant exact search returns exactly the tenant's ids. Each search step checks that no
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.vectordb.helpers import clustered
 from tests.vectordb.tenancy_check import (
@@ -33,6 +34,8 @@ from tests.vectordb.tenancy_check import (
     assert_index_matches,
     assert_no_leaks,
 )
+from tiers.io import IORuntime, ThreadEngine
+from tiers.testing.faulty_engine import FaultyEngine
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.metric import Metric
 
@@ -69,6 +72,9 @@ class TenancyMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="tenancy-model-"))
         self.loop = asyncio.new_event_loop()
+        # every engine can lose power (the power_cut rule); a reopen makes a fresh one
+        self.engine: FaultyEngine | None = None
+        self.runtime = IORuntime(engine=lambda *_: self._new_engine())
         self.index: SpannIndex | None = None
         self.model = Model()
         self.used: set[int] = set()  # every id ever inserted (live or deleted)
@@ -85,6 +91,10 @@ class TenancyMachine(RuleBasedStateMachine):
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
+    def _new_engine(self) -> FaultyEngine:
+        self.engine = FaultyEngine(ThreadEngine(4), seed=self.next_id)
+        return self.engine
+
     def teardown(self) -> None:
         try:
             if self.index is not None:
@@ -93,6 +103,7 @@ class TenancyMachine(RuleBasedStateMachine):
                     event(f"{key} > 0: {n > 0}")
                 self._run(self.index.aclose())
         finally:
+            self.runtime.close()
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -134,7 +145,7 @@ class TenancyMachine(RuleBasedStateMachine):
         ids = np.arange(n, dtype=np.int64)
 
         async def main() -> SpannIndex:
-            index = await SpannIndex.create(self.dir / "i", config)
+            index = await SpannIndex.create(self.dir / "i", config, runtime=self.runtime)
             await index.build(ids, vectors, tenants=rows)
             return index
 
@@ -217,10 +228,21 @@ class TenancyMachine(RuleBasedStateMachine):
         self._count()
         self._run(self.idx.aclose())
         self.index = None
-        self.index = self._run(SpannIndex.open(self.dir / "i"))
+        self.index = self._run(SpannIndex.open(self.dir / "i", runtime=self.runtime))
         assert self.idx.config.tenancy is True
 
-    @precondition(lambda self: self.index is not None)
+    @rule(keep=st.sampled_from(["none", "random"]))
+    def power_cut(self, keep: Any) -> None:
+        """Power fails (writes not yet synced lost, or some of them kept) and the index opens
+        again from its checkpoint and log: every acknowledged change is there."""
+        self._count()
+        assert self.engine is not None
+        self._run(self.engine.power_cut(keep))
+        event("power cut")
+        self._run(self.idx.aclose())
+        self.index = None
+        self.index = self._run(SpannIndex.open(self.dir / "i", runtime=self.runtime))
+
     @rule(
         seed=st.integers(0, 2**16),
         k=st.integers(1, 12),
@@ -275,7 +297,7 @@ class CosineTenancyMachine(TenancyMachine):
 
 
 _SETTINGS = settings(
-    max_examples=40,
+    max_examples=50,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -283,4 +305,4 @@ _SETTINGS = settings(
 TestTenancyL2 = TenancyMachine.TestCase
 TestTenancyL2.settings = _SETTINGS
 TestTenancyCosine = CosineTenancyMachine.TestCase
-TestTenancyCosine.settings = settings(_SETTINGS, max_examples=25)
+TestTenancyCosine.settings = settings(_SETTINGS, max_examples=35)
