@@ -503,3 +503,47 @@ def test_tenants_of_every_size_in_one_batch(tmp_path: Path, metric: str) -> None
                 assert np.mean(hits) / want >= 0.9, (t, np.mean(hits) / want)
 
     asyncio.run(main())
+
+
+def test_tenant_call_edge_cases(tmp_path: Path) -> None:
+    """Repeated ids count once; ids that are not integers, a bad k or query width are refused
+    with nothing written; a huge k is cut to what the index holds; big ints and long unicode
+    names are tenants like any other; a closed index refuses tenant calls."""
+    from vectordb import InvalidVectorsError
+    from vectordb.errors import IndexClosedError
+
+    async def main() -> None:
+        index = await _built(tmp_path / "i")
+        queries = clustered(3, DIM, seed=7)
+        assert await index.grant([40, 40, 41], "dup") == 2
+        assert await index.revoke(np.array([40, 40]), "dup") == 1
+        wal = index.stats()["wal_bytes"]
+        with pytest.raises(ValueError):
+            await index.grant(np.array([1.5, 2.0]), "dup")
+        with pytest.raises(ValueError):
+            await index.revoke(np.array([[41]]), "dup")
+        for bad_k in (0, -1, 2.5, True):
+            with pytest.raises(InvalidVectorsError, match="k must be"):
+                await index.search(queries, bad_k, tenant="dup")
+        with pytest.raises(InvalidVectorsError):
+            await index.search(np.ones((2, DIM + 1), np.float32), 3, tenant="dup")
+        assert index.stats()["wal_bytes"] == wal and index.count("dup") == 1
+        found, scores = await index.search(queries, 10**9, tenant="dup")  # not 10**9 columns
+        assert found.shape == scores.shape and found.shape[1] <= 200
+        assert (found[:, 0] == 41).all() and (found[:, 1:] == -1).all()
+        big, name = 2**63 - 1, "テナント-" + "é" * 300
+        assert await index.grant(np.arange(10), big) == 10
+        assert await index.grant(np.arange(5, 15), name) == 10
+        assert index.count(big) == 10 and index.count(name) == 10
+        assert set(index.tenants_of(7)) == {big, name}
+        await index.aclose()
+        index = await SpannIndex.open(tmp_path / "i")
+        assert index.count(big) == 10 and index.count(name) == 10
+        assert set(index.tenants_of(7)) == {big, name}
+        await index.aclose()
+        with pytest.raises(IndexClosedError):
+            await index.grant([1], "dup")
+        with pytest.raises(IndexClosedError):
+            await index.search(queries, 3, tenant="dup")
+
+    asyncio.run(main())
