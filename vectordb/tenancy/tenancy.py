@@ -80,6 +80,7 @@ class Tenancy:
             "tenant_tree_nodes": self.tree.n_nodes,
             "tenant_resident_bytes": self.resident_bytes(),
             "tenant_disk_bytes": self.store.disk_bytes(),
+            "tenant_disk_used_bytes": self.store.used_bytes(),
             **self.counters,
         }
 

@@ -124,4 +124,10 @@ class TenantStore:
         self.next_pid, self.home_pid = next_pid, home_pid
 
     def disk_bytes(self) -> int:
+        """The file's size (it grows a quarter at a time)."""
         return int(self.lists.space.file_pages) * 4096
+
+    def used_bytes(self) -> int:
+        """Pages runs hold, freed ones awaiting a checkpoint included."""
+        space = self.lists.space.stats()
+        return (int(space["file_pages"]) - int(space["free_pages"])) * 4096
