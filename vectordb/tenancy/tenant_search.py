@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vectordb.metric import pairwise_distances
-from vectordb.tenancy.tenant_store import location_versions
+from vectordb.metric import distances
 
 if TYPE_CHECKING:
     from vectordb.tenancy.tenancy import Tenancy
@@ -48,8 +47,9 @@ async def tenant_search(
     for q, pids in enumerate(chosen):
         if batch is None or not pids:
             continue
-        at = np.searchsorted(union, pids)
-        records = np.concatenate([batch.records[batch.starts[i] : batch.starts[i + 1]] for i in at])
+        at = np.searchsorted(union, pids).tolist()
+        parts = [batch.records[batch.starts[i] : batch.starts[i + 1]] for i in at]
+        records = parts[0] if len(parts) == 1 else np.concatenate(parts)
         found, found_ids, found_dist = _score(tenancy, prepared[q], records, int(tenants[q]), k)
         ids[q, :found], dist[q, :found] = found_ids, found_dist
     return ids, dist
@@ -94,16 +94,23 @@ def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> li
 def _score(
     tenancy: Tenancy, query: np.ndarray, records: np.ndarray, tenant: int, k: int
 ) -> tuple[int, np.ndarray, np.ndarray]:
-    ids = records["id"]
-    found, loc, _ = tenancy.table.lookup(ids)
-    keep = found & (records["version"] == location_versions(loc))
-    keep &= tenancy.table.member(ids, np.full(len(ids), tenant))
-    ids = ids[keep]
-    if not len(ids):
-        return 0, ids, ids.astype(np.float32)
-    vectors = records["vector"][keep].astype(np.float32, copy=False)
-    dist = pairwise_distances(tenancy.metric, query[None, :], vectors)[0]
+    keep = tenancy.table.readable(records["id"], records["version"], tenant)
+    if not keep.any():
+        return 0, np.zeros(0, np.int64), np.zeros(0, np.float32)
+    ids = records["id"][keep]
+    vectors = np.ascontiguousarray(records["vector"][keep], np.float32)
+    dist = distances(tenancy.metric, query, vectors)
+    if len(dist) > 2 * k:
+        near = np.argpartition(dist, 2 * k)[: 2 * k]
+        found = _nearest_distinct(ids[near], dist[near], k)
+        if len(found[0]) == k:  # else copies of one id crowded the front: take them all
+            return k, *found
+    found = _nearest_distinct(ids, dist, k)
+    return len(found[0]), *found
+
+
+def _nearest_distinct(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(dist, kind="stable")
     _, first = np.unique(ids[order], return_index=True)  # a re-granted id may sit twice
     best = order[np.sort(first)][:k]
-    return len(best), ids[best], dist[best]
+    return ids[best], dist[best]
