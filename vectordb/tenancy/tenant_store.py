@@ -5,7 +5,7 @@ own file holds two kinds of lists, numbered from one counter:
 
 - **home blocks**: every vector of a tenancy index once, in arrival order, ``home_records``
   a block (about 16 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant
-  reads the vector from here (one block read per distinct block, all in one submission).
+  reads the vector from here (the page or two holding it, all in one submission).
 - **shortlists**: a copy of each vector of one (tenant, tree node) shortlist, back to back, so
   that a small tenant's search reads one run. A record's ``version`` field holds the low 32 bits
   of the vector's location: a copy of an earlier incarnation of a deleted and re-inserted id
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from tiers.io import CorruptionError, FileHandle, IOEngine
+from tiers.io import CorruptionError, FileHandle, IOEngine, aligned_empty
+from vectordb.posting_format import PAGE_BYTES, decode
 from vectordb.posting_store import PostingBatch, PostingItem, PostingStore
 
 __all__ = ["POSITION_BITS", "TenantStore", "location_versions"]
 
 POSITION_BITS = 12
+_POSITION_MASK = (1 << POSITION_BITS) - 1
 _HOME_BLOCK_BYTES = 16 << 10
 
 
@@ -85,17 +87,29 @@ class TenantStore:
         return PostingItem(pid, ids[a:b], location_versions(locations[a:b]), vectors[a:b])
 
     async def read_home(self, ids: np.ndarray, locations: np.ndarray) -> np.ndarray:
-        """The stored vectors of ``ids`` at ``locations`` (one read per distinct block)."""
+        """The stored vectors of ``ids`` at ``locations``: only the page or two holding each
+        record is read (all in one submission), and every record is checked."""
+        lists = self.lists
+        locations = np.asarray(locations, np.int64)
         pids = locations >> POSITION_BITS
-        blocks, which = np.unique(pids, return_inverse=True)
-        batch = await self.lists.read(blocks)
-        rows = batch.starts[which] + (locations & ((1 << POSITION_BITS) - 1))
-        records = batch.records[rows]
+        at = lists.start[pids] * PAGE_BYTES + (locations & _POSITION_MASK) * lists.rec_bytes
+        first_page = at // PAGE_BYTES
+        pages = (at + lists.rec_bytes - 1) // PAGE_BYTES - first_page + 1
+        buffer_pages = np.concatenate([[0], np.cumsum(pages)])
+        buffer = aligned_empty(int(buffer_pages[-1]) * PAGE_BYTES)
+        await lists.engine.read_batch(
+            lists.file, buffer, first_page * PAGE_BYTES, pages * PAGE_BYTES,
+            buffer_pages[:-1] * PAGE_BYTES,
+        )  # fmt: skip
+        offsets = buffer_pages[:-1] * PAGE_BYTES + at % PAGE_BYTES
+        raw = buffer[offsets[:, None] + np.arange(lists.rec_bytes)]
+        records = decode(raw.reshape(-1), len(ids), lists.dtype, pids)
         wrong = records["id"] != ids
         if wrong.any():
             raise CorruptionError(
                 f"home copy of id {int(ids[wrong][0])} holds id {int(records['id'][wrong][0])}"
             )
+        lists.counters["pages_read"] += int(buffer_pages[-1])
         return records["vector"]
 
     # ----------------------------------------------------------------- shortlists
