@@ -34,6 +34,8 @@ class Entry(NamedTuple):
 class AccessTable:
     def __init__(self) -> None:
         self.ids = np.zeros(0, np.int64)
+        self._first: int | None = None  # ids are first .. first + len - 1: ``ids`` not held
+        self.n_rows = 0
         self.loc = np.zeros(0, np.int64)
         self.leaf = np.zeros(0, np.int32)
         self.ptr = np.zeros(1, np.int64)
@@ -47,8 +49,9 @@ class AccessTable:
     def get(self, vid: int) -> Entry | None:
         if vid in self.delta:
             return self.delta[vid]
-        pos = int(np.searchsorted(self.ids, vid))
-        if pos < len(self.ids) and self.ids[pos] == vid:
+        at, hit = self._find(np.array([vid], np.int64))
+        pos = int(at[0])
+        if hit[0]:
             a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])  # uint32 or int64: as ints
             tenants = tuple(self.tenants[a:b].tolist())
             return Entry(int(self.loc[pos]), int(self.leaf[pos]), tenants)
@@ -62,10 +65,8 @@ class AccessTable:
         ids = np.asarray(ids, np.int64)
         tenants = np.asarray(tenants, np.int64)
         out = np.zeros(len(ids), bool)
-        n = len(self.ids)
-        if n and len(ids):
-            pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
-            found = self.ids[pos] == ids
+        if self.n_rows and len(ids):
+            pos, found = self._find(ids)
             ptr = self.ptr.astype(np.int64, copy=False)
             starts = np.where(found, ptr[pos], 0)
             lengths = np.where(found, ptr[pos + 1] - ptr[pos], 0)
@@ -84,11 +85,10 @@ class AccessTable:
         current home location (one search of the table for both checks)."""
         ids = np.asarray(ids, np.int64)
         out = np.zeros(len(ids), bool)
-        n = len(self.ids)
-        if n and len(ids):
-            pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
+        if self.n_rows and len(ids):
+            pos, found = self._find(ids)
             current = self.loc[pos] if self.loc.dtype == np.uint32 else self.loc[pos] & 0xFFFFFFFF
-            hit = np.flatnonzero((self.ids[pos] == ids) & (current == versions))
+            hit = np.flatnonzero(found & (current == versions))
             ptr = self.ptr
             starts, ends = ptr[pos[hit]].astype(np.int64), ptr[pos[hit] + 1].astype(np.int64)
             lengths = ends - starts
@@ -112,10 +112,8 @@ class AccessTable:
         found = np.zeros(len(ids), bool)
         loc = np.zeros(len(ids), np.int64)
         leaf = np.zeros(len(ids), np.int32)
-        n = len(self.ids)
-        if n and len(ids):
-            pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
-            found = self.ids[pos] == ids
+        if self.n_rows and len(ids):
+            pos, found = self._find(ids)
             loc[found] = self.loc[pos[found]].astype(np.int64)
             leaf[found] = self.leaf[pos[found]].astype(np.int32)
         if self.delta:
@@ -181,7 +179,7 @@ class AccessTable:
         self.delta[vid] = entry
         if counted and entry is not None:
             self._count(entry.tenants, 1)
-        if len(self.delta) >= max(_MERGE_AT, len(self.ids) // 32):
+        if len(self.delta) >= max(_MERGE_AT, self.n_rows // 32):
             self.merge()
 
     def _count(self, tenants: tuple[int, ...], step: int) -> None:
@@ -203,7 +201,8 @@ class AccessTable:
         if not self.delta:
             return
         changed = self._delta_array()
-        keep = ~np.isin(self.ids, changed)
+        held = self.id_array()
+        keep = ~np.isin(held, changed)
         all_lengths = np.asarray(np.diff(self.ptr.astype(np.int64)), np.int64)
         lengths = all_lengths[keep]
         pair_keep = np.repeat(keep, all_lengths)
@@ -212,7 +211,7 @@ class AccessTable:
         new_lengths = np.array([len(e.tenants) for _, e in entries], np.int64)
         flat = [t for _, e in entries for t in e.tenants]
         self.load(
-            np.concatenate([self.ids[keep], new_ids]),
+            np.concatenate([held[keep], new_ids]),
             np.concatenate([self.loc[keep].astype(np.int64), [e.loc for _, e in entries]]),
             np.concatenate([self.leaf[keep].astype(np.int32), [e.leaf for _, e in entries]]),
             np.concatenate([lengths, new_lengths]),
@@ -235,7 +234,13 @@ class AccessTable:
         )
         leaf = np.asarray(leaf)[order]
         small = not len(leaf) or (leaf.min() >= 0 and leaf.max() < 2**16)
-        self.ids, self.loc = ids[order], _narrow(loc[order])
+        ids = np.asarray(ids, np.int64)[order]
+        self.n_rows = len(ids)
+        dense = self.n_rows > 0 and int(ids[-1]) - int(ids[0]) == self.n_rows - 1
+        # ids that are one range (row numbers: the usual case) are not held: 8 bytes a vector
+        self._first = int(ids[0]) if dense else None
+        self.ids = ids[:0] if dense else ids
+        self.loc = _narrow(loc[order])
         self.leaf = leaf.astype(np.uint16 if small else np.int32)  # trees rarely reach 64k nodes
         self.tenants = np.asarray(tenants, np.int32)[gather.astype(np.int64)]
         self.ptr = _narrow(np.concatenate([[0], np.cumsum(lengths)]))
@@ -243,13 +248,28 @@ class AccessTable:
         if recount:
             self.delta.clear()
             self._delta_ids = None
-            self.n_ids = len(self.ids)
+            self.n_ids = self.n_rows
             self.counts = np.bincount(self.tenants, minlength=16).astype(np.int64)
+
+    def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row of each id, clipped to the table; whether it is there); needs rows."""
+        if self._first is not None:
+            pos = ids - self._first
+            found = (pos >= 0) & (pos < self.n_rows)
+            return np.where(found, pos, 0), found
+        pos = np.minimum(np.searchsorted(self.ids, ids), max(self.n_rows - 1, 0))
+        return pos, self.ids[pos] == ids if self.n_rows else np.zeros(len(ids), bool)
+
+    def id_array(self) -> np.ndarray:
+        """The held ids, sorted (made when they are one range)."""
+        if self._first is not None:
+            return np.arange(self._first, self._first + self.n_rows, dtype=np.int64)
+        return self.ids
 
     def snapshot(self) -> dict[str, np.ndarray]:
         self.merge()
         return {
-            "access_ids": self.ids,
+            "access_ids": self.id_array(),
             "access_loc": self.loc,
             "access_leaf": self.leaf,
             "access_ptr": self.ptr,

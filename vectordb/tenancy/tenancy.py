@@ -215,7 +215,7 @@ class Tenancy:
         """Train the tree on every vector so far and place every pair again."""
         self.table.merge()
         old = self.table
-        old_ids, old_loc = old.ids, old.loc.astype(np.int64)
+        old_ids, old_loc = old.id_array(), old.loc.astype(np.int64)
         old_vectors = await self.store.read_home(old_ids, old_loc) if len(old_ids) else stored[:0]
         for entry in self.shortlists.entries():
             self.store.release(entry.pid)

@@ -4,7 +4,7 @@ One PostingStore (posting_format records, checked, copy-on-write, tail-page appe
 own file holds two kinds of lists, numbered from one counter:
 
 - **home blocks**: every vector of a tenancy index once, in arrival order, ``home_records``
-  a block (about 16 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant
+  a block (about 256 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant
   reads the vector from here (the page or two holding it, all in one submission).
 - **shortlists**: a copy of each vector of one (tenant, tree node) shortlist, back to back, so
   that a small tenant's search reads one run. A record's ``version`` field holds the low 32 bits
@@ -31,7 +31,8 @@ __all__ = ["POSITION_BITS", "TenantStore", "location_versions"]
 
 POSITION_BITS = 12
 _POSITION_MASK = (1 << POSITION_BITS) - 1
-_HOME_BLOCK_BYTES = 16 << 10
+# a grant reads only a record's own pages, so blocks can be large: fewer lists in the directory
+_HOME_BLOCK_BYTES = 256 << 10
 
 
 def location_versions(locations: np.ndarray) -> np.ndarray:
