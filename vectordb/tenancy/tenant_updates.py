@@ -68,6 +68,8 @@ async def place(
             entry.live += 1
             rows_of.setdefault(node, []).append(row)
             break
+    for node in [n for n in fresh if len(rows_of[n]) > tenancy.limit and not tree.is_leaf(n)]:
+        _split_fresh(tenancy, shortlists, node, leaves, rows_of, fresh)
     versions = location_versions(locations)
     writes, appends = [], []
     for node, rows in rows_of.items():
@@ -85,6 +87,24 @@ async def place(
         entry = shortlists.get(node)
         if entry is not None and entry.live > tenancy.limit and not tree.is_leaf(node):
             await _split(tenancy, tenant, node)
+
+
+def _split_fresh(
+    tenancy: Tenancy, shortlists: TenantTreeMap, node: int, leaves: np.ndarray,
+    rows_of: dict[int, list[int]], fresh: set[int],
+) -> None:  # fmt: skip
+    """Split a shortlist this call made, in memory, before anything is written (a tenant's
+    first thousand vectors are written once, not written, read back and split)."""
+    entry = shortlists[node]
+    assert entry is not None
+    tenancy.store.free_pids.append(entry.pid)  # never written: nothing to free on disk
+    shortlists[node] = None
+    fresh.discard(node)
+    for child, rows in _distribute(tenancy, node, leaves, np.array(rows_of.pop(node))):
+        shortlists[child] = Shortlist(tenancy.store.take_pid(), len(rows))
+        _mark_internal(tenancy, shortlists, child, node)
+        rows_of[child] = rows.tolist()
+        fresh.add(child)
 
 
 async def _split(tenancy: Tenancy, tenant: int, node: int) -> None:
