@@ -35,6 +35,7 @@ CONFIG = IndexConfig(
     shortlist_limit=3,
     tenant_leaf_size=3,
     tenant_tree_branching=3,
+    checkpoint_wal_bytes=2048,  # checkpoints in the middle of the schedule (and of power cuts)
 )
 
 # (kind, *arguments) as tests.vectordb.tenancy_check.Model.apply takes them:

@@ -77,11 +77,16 @@ class History:
 
 
 async def _writer(
-    index: SpannIndex, history: History, ops: int, done: asyncio.Event, inserts_first: int = 0
+    index: SpannIndex,
+    history: History,
+    ops: int,
+    done: asyncio.Event,
+    inserts_first: int = 0,
+    seed: int = 7,
 ) -> None:
     """``ops`` random changes (the first ``inserts_first`` of them inserts), each recorded in
     ``history`` before it is made."""
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     model = history.model
     next_id = 10_000
     try:

@@ -125,8 +125,11 @@ class TenancyMachine(RuleBasedStateMachine):
         leaf=st.sampled_from([2, 3, 4, 16]),
         branching=st.integers(2, 4),
         form=st.sampled_from(["lists", "csr", "numpy"]),
+        wal=st.sampled_from([64 << 20, 4096]),  # 4 KiB: checkpoints in the middle of changes
     )
-    def build(self, n: int, seed: int, tau: int, leaf: int, branching: int, form: str) -> None:
+    def build(
+        self, n: int, seed: int, tau: int, leaf: int, branching: int, form: str, wal: int
+    ) -> None:
         config = IndexConfig(
             dim=DIM,
             metric=self.metric.value,
@@ -137,6 +140,7 @@ class TenancyMachine(RuleBasedStateMachine):
             shortlist_limit=tau,
             tenant_leaf_size=leaf,
             tenant_tree_branching=branching,
+            checkpoint_wal_bytes=wal,
             **self.config_args,
         )
         rng = np.random.default_rng(seed)
