@@ -239,7 +239,10 @@ class PostingStore:
             self.count[item.pid] = len(item.ids)
 
     async def append(self, items: list[PostingItem], headroom: float = 0.5) -> None:
-        """Add records to existing lists (in place where the run has room)."""
+        """Add records to lists (in place where the run has room); a list with no run yet (an
+        index that was never built: its first inserts choose the heads) gets one."""
+        for item in items:
+            self._ensure(item.pid)
         in_place = [i for i in items if self.count[i.pid] + len(i.ids) <= self.capacity[i.pid]]
         moved = [i for i in items if self.count[i.pid] + len(i.ids) > self.capacity[i.pid]]
         if moved:

@@ -161,3 +161,27 @@ def test_runs_freed_by_rewrites_force_a_checkpoint(tmp_path: Path, monkeypatch) 
             await assert_matches_model(index, model, seed=22)
 
     asyncio.run(main())
+
+
+def test_an_index_never_built_takes_inserts(tmp_path: Path) -> None:
+    """Its first insert chooses the heads; the lists they own had no directory rows yet (an
+    IndexError before), with and without tenancy."""
+
+    async def main() -> None:
+        vectors = clustered(300, 8, seed=3)
+        for tenancy in (False, True):
+            path = tmp_path / f"idx-{tenancy}"
+            index = await SpannIndex.create(path, IndexConfig(dim=8, tenancy=tenancy))
+            rows = [[1]] * 100 if tenancy else None
+            await index.insert(np.arange(100), vectors[:100], rows)
+            await index.insert(np.arange(100, 300), vectors[100:], None)
+            ids, _ = await index.search(vectors[:5], k=1, params=SearchParams(max_postings=64))
+            assert ids[:, 0].tolist() == list(range(5))
+            if tenancy:
+                assert index.count(1) == 100
+            await index.aclose()
+            reopened = await SpannIndex.open(path)
+            assert reopened.stats()["n_vectors"] == 300
+            await reopened.aclose()
+
+    asyncio.run(main())

@@ -4,8 +4,8 @@ Accepted forms, for ``n`` rows:
 
 - a sequence of ``n`` iterables of tenant ids (``[["acme", 7], [], [7]]``);
 - a CSR pair ``(indptr, tenant_ids)``: row i's tenants are ``tenant_ids[indptr[i]:indptr[i+1]]``
-  (``indptr`` n + 1 non-decreasing integers from 0; ``tenant_ids`` a numpy integer array or a
-  sequence of ids), the form of ``debian-minilm/doc_tenants.npz``.
+  (``indptr`` a numpy integer array of n + 1 non-decreasing offsets from 0; ``tenant_ids`` a
+  numpy integer array or a sequence of ids), the form of ``debian-minilm/doc_tenants.npz``.
 
 Normalised to wal_records.TenantRows: ``(indptr int64, refs int64, names)`` with each distinct
 name once. A tenant repeated within a row counts once. Checked before anything is written.
@@ -32,7 +32,7 @@ def no_rows(n: int) -> TenantRows:
 def tenant_rows(tenants: Any, n: int) -> TenantRows:
     if tenants is None:
         return no_rows(n)
-    if isinstance(tenants, tuple) and len(tenants) == 2 and not isinstance(tenants[0], (str,)):
+    if _is_csr(tenants, n):
         indptr, flat = tenants
         indptr = _indptr(indptr, n)
         names, refs = _flat_names(flat, int(indptr[-1]))
@@ -53,6 +53,19 @@ def tenant_rows(tenants: Any, n: int) -> TenantRows:
         indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         names, refs = _flat_names(flat_list, len(flat_list))
     return _dedup_rows(indptr, refs, names)
+
+
+def _is_csr(tenants: Any, n: int) -> bool:
+    """A 2-tuple whose first item is an integer numpy array of n + 1 offsets (a tuple of two
+    rows for two vectors stays rows)."""
+    if not (isinstance(tenants, tuple) and len(tenants) == 2):
+        return False
+    first = tenants[0]
+    return (
+        isinstance(first, np.ndarray)
+        and np.issubdtype(first.dtype, np.integer)
+        and first.shape == (n + 1,)
+    )
 
 
 def _indptr(indptr: Any, n: int) -> np.ndarray:
