@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 
 from vectordb.metric import Metric, pairwise_distances, prepare, to_scores
@@ -30,3 +37,33 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
         len(set(f[f >= 0].tolist()) & set(t.tolist())) for f, t in zip(found, truth, strict=True)
     ]
     return float(np.mean(hits)) / k
+
+
+def run_and_kill(
+    writer: Path, directory: Path, seed: int, acks_before_kill: int, delay_s: float
+) -> int:
+    """Run a crash-writer script (it prints ``ready``, then a line per acknowledged update),
+    ``kill -9`` it after ``acks_before_kill`` lines and ``delay_s``; returns the updates it
+    acknowledged (lines printed before the kill count too)."""
+    process = subprocess.Popen(
+        [sys.executable, str(writer), str(directory), str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    acked = 0
+    try:
+        assert process.stdout.readline() == "ready\n", process.stderr.read()
+        while acked < acks_before_kill:
+            line = process.stdout.readline()
+            assert line, f"writer died: {process.stderr.read()}"
+            acked += 1
+        time.sleep(delay_s)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    acked += len(process.stdout.readlines())  # printed before the kill: acknowledged too
+    process.stdout.close()
+    process.stderr.close()
+    return acked

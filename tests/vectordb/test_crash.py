@@ -6,18 +6,13 @@ delete; the one operation in flight may have landed or not. A corrupt page is a 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.vectordb import crash_writer as writer
-from tests.vectordb.helpers import clustered
+from tests.vectordb.helpers import clustered, run_and_kill
 from tiers.io import IORuntime, ThreadEngine
 from tiers.io.errors import CorruptionError, EngineClosedError
 from tiers.testing.faulty_engine import PowerCutAt
@@ -103,28 +98,7 @@ def test_power_cut_at_many_points_keeps_every_acknowledged_update(
 
 
 def _run_and_kill(directory: Path, seed: int, acks_before_kill: int, delay_s: float) -> int:
-    process = subprocess.Popen(
-        [sys.executable, str(Path(writer.__file__)), str(directory), str(seed)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    acked = 0
-    try:
-        assert process.stdout.readline() == "ready\n", process.stderr.read()
-        while acked < acks_before_kill:
-            line = process.stdout.readline()
-            assert line, f"writer died: {process.stderr.read()}"
-            acked += 1
-        time.sleep(delay_s)
-    finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-    acked += len(process.stdout.readlines())  # printed before the kill: acknowledged too
-    process.stdout.close()
-    process.stderr.close()
-    return acked
+    return run_and_kill(Path(writer.__file__), directory, seed, acks_before_kill, delay_s)
 
 
 def test_kill_9_of_a_writer_loses_no_acknowledged_update(tmp_path: Path) -> None:

@@ -8,11 +8,6 @@ there with every one of its tenants or not there at all (likewise a grant or rev
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.vectordb import tenancy_crash_writer as writer
+from tests.vectordb.helpers import run_and_kill
 from tests.vectordb.tenancy_check import (
     EVERYTHING,
     Model,
@@ -178,28 +174,7 @@ def test_power_cut_in_every_batch_of_one_grant_and_one_insert(tmp_path: Path) ->
 
 
 def _run_and_kill(directory: Path, seed: int, acks_before_kill: int, delay_s: float) -> int:
-    process = subprocess.Popen(
-        [sys.executable, str(Path(writer.__file__)), str(directory), str(seed)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    acked = 0
-    try:
-        assert process.stdout.readline() == "ready\n", process.stderr.read()
-        while acked < acks_before_kill:
-            line = process.stdout.readline()
-            assert line, f"writer died: {process.stderr.read()}"
-            acked += 1
-        time.sleep(delay_s)
-    finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-    acked += len(process.stdout.readlines())  # printed before the kill: acknowledged too
-    process.stdout.close()
-    process.stderr.close()
-    return acked
+    return run_and_kill(Path(writer.__file__), directory, seed, acks_before_kill, delay_s)
 
 
 @pytest.mark.parametrize(("seed", "acks", "delay_s"), [(5, 30, 0.02), (6, 80, 0.0)])
