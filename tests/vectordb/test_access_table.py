@@ -72,3 +72,25 @@ def test_access_table_matches_a_dict(dense: bool, ops: list[tuple[str, int, int]
     restored = AccessTable()
     restored.restore(table.snapshot())
     _check(restored, model)
+
+
+def test_filtered_route_with_a_tenant_that_has_no_pair_yet(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tenant numbered by a grant of unknown ids holds no pair, and its number may lie past
+    the count array: the filtered route answered IndexError for a batch holding it."""
+    import asyncio
+
+    from vectordb import IndexConfig, SearchParams, SpannIndex
+
+    async def main() -> None:
+        index = await SpannIndex.create(tmp_path / "idx", IndexConfig(dim=8, tenancy=True))
+        vectors = np.random.default_rng(0).random((200, 8), np.float32)
+        await index.build(None, vectors, tenants=[[1]] * 200)
+        for i in range(20):
+            assert await index.grant([10**6], f"nobody{i}") == 0
+        params = SearchParams(tenant_route="filter")
+        ids, _ = await index.search(vectors[:2], 3, params, tenant=[1, "nobody19"])
+        assert (ids[0] >= 0).all() and (ids[1] == -1).all()
+        assert index.count("nobody19") == 0
+        await index.aclose()
+
+    asyncio.run(main())

@@ -60,49 +60,46 @@ class AccessTable:
     def count(self, tenant: int) -> int:
         return int(self.counts[tenant]) if 0 <= tenant < len(self.counts) else 0
 
+    def counts_of(self, tenants: np.ndarray) -> np.ndarray:
+        """``count`` of each tenant number (0 for -1 and for numbers without a pair yet)."""
+        inside = (tenants >= 0) & (tenants < len(self.counts))
+        out = np.zeros(len(tenants), np.int64)
+        out[inside] = self.counts[tenants[inside]]
+        return out
+
     def member(self, ids: np.ndarray, tenants: np.ndarray) -> np.ndarray:
         """Mask: may tenant ``tenants[i]`` read id ``ids[i]``? (vectorised)"""
-        ids = np.asarray(ids, np.int64)
-        tenants = np.asarray(tenants, np.int64)
-        out = np.zeros(len(ids), bool)
-        if self.n_rows and len(ids):
-            pos, found = self._find(ids)
-            ptr = self.ptr.astype(np.int64, copy=False)
-            starts = np.where(found, ptr[pos], 0)
-            lengths = np.where(found, ptr[pos + 1] - ptr[pos], 0)
-            rows = np.repeat(np.arange(len(ids)), lengths)
-            offsets = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            hit = self.tenants[np.repeat(starts, lengths) + offsets] == tenants[rows]
-            out[rows[hit]] = True
-        if self.delta:
-            for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
-                entry = self.delta[int(ids[i])]
-                out[i] = entry is not None and int(tenants[i]) in entry.tenants
-        return out
+        return self._may_read(ids, np.asarray(tenants, np.int64), None)
 
     def readable(self, ids: np.ndarray, versions: np.ndarray, tenant: int) -> np.ndarray:
         """Mask of records (id, version) that ``tenant`` may read now, at the vector's
         current home location (one search of the table for both checks)."""
+        return self._may_read(ids, np.full(len(ids), tenant, np.int64), versions)
+
+    def _may_read(
+        self, ids: np.ndarray, tenants: np.ndarray, versions: np.ndarray | None
+    ) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
         out = np.zeros(len(ids), bool)
         if self.n_rows and len(ids):
             pos, found = self._find(ids)
-            current = self.loc[pos] if self.loc.dtype == np.uint32 else self.loc[pos] & 0xFFFFFFFF
-            hit = np.flatnonzero(found & (current == versions))
-            ptr = self.ptr
-            starts, ends = ptr[pos[hit]].astype(np.int64), ptr[pos[hit] + 1].astype(np.int64)
-            lengths = ends - starts
+            if versions is not None:  # a copy of an earlier incarnation does not count
+                loc = self.loc[pos] if self.loc.dtype == np.uint32 else self.loc[pos] & 0xFFFFFFFF
+                found &= loc == versions
+            hit = np.flatnonzero(found)
+            starts = self.ptr[pos[hit]].astype(np.int64)
+            lengths = self.ptr[pos[hit] + 1].astype(np.int64) - starts
             rows = np.repeat(np.arange(len(hit)), lengths)
             offsets = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            mine = self.tenants[np.repeat(starts, lengths) + offsets] == tenant
+            mine = self.tenants[np.repeat(starts, lengths) + offsets] == tenants[hit[rows]]
             out[hit[rows[mine]]] = True
         if self.delta:
             for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
                 entry = self.delta[int(ids[i])]
                 out[i] = (
                     entry is not None
-                    and tenant in entry.tenants
-                    and (entry.loc & 0xFFFFFFFF) == int(versions[i])
+                    and int(tenants[i]) in entry.tenants
+                    and (versions is None or (entry.loc & 0xFFFFFFFF) == int(versions[i]))
                 )
         return out
 

@@ -122,7 +122,8 @@ async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: Sear
     tenancy = require(index)
     prepared = np.ascontiguousarray(tagged[:, :-1], np.float32)
     numbers = tagged[:, -1].astype(np.int64)
-    share = _shares(tenancy, numbers)
+    counts = tenancy.table.counts_of(numbers)
+    share = counts / max(tenancy.table.n_ids, 1)
     if params.tenant_route == "auto":  # an exact search (tenant_candidates=0) takes the tree
         filtered = (share >= FILTER_ROUTE_SHARE) & (params.tenant_candidates != 0)
     else:
@@ -139,22 +140,12 @@ async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: Sear
         access = (tenancy.table.member, numbers[rows])
         ids[rows], dist[rows], skipped = await run_batch(index, prepared[rows], k, wider, access)
         # a query whose lists held fewer than k vectors its tenant may read gets the tree
-        wanted = np.minimum(k, tenancy.table.counts[np.maximum(numbers, 0)])
+        wanted = np.minimum(k, counts)
         short = filtered & ((ids >= 0).sum(axis=1) < wanted)
         if short.any():
             answer = await _tree_batch(index, prepared[short], k, numbers[short], params)
             ids[short], dist[short] = answer
     return ids, dist, skipped
-
-
-def _shares(tenancy: Tenancy, numbers: np.ndarray) -> np.ndarray:
-    """Each query's tenant's share of the vectors (0 for a tenant with nothing)."""
-    total = max(tenancy.table.n_ids, 1)
-    counts = tenancy.table.counts
-    inside = (numbers >= 0) & (numbers < len(counts))
-    out = np.zeros(len(numbers))
-    out[inside] = counts[numbers[inside]] / total
-    return out
 
 
 def _filter_params(index: SpannIndex, params: SearchParams, share: float) -> SearchParams:

@@ -40,11 +40,7 @@ _COMPACT_MIN_STALE = 16
 
 def live_records(tenancy: Tenancy, records: np.ndarray, tenant: int) -> np.ndarray:
     """The records of ``records`` that ``tenant`` may read now, at their current copy, once."""
-    ids = records["id"]
-    found, loc, _ = tenancy.table.lookup(ids)
-    keep = found & (records["version"] == location_versions(loc))
-    keep &= tenancy.table.member(ids, np.full(len(ids), tenant))
-    kept = records[keep]
+    kept = records[tenancy.table.readable(records["id"], records["version"], tenant)]
     _, first = np.unique(kept["id"], return_index=True)
     return kept[np.sort(first)] if len(first) < len(kept) else kept
 
