@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vectordb import SearchParams, SpannIndex
+from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.metric import Metric, pairwise_distances, prepare, to_scores
 
 Tenant = int | str
@@ -27,6 +27,22 @@ EXACT = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_candidates=0)
 EXACT_TREE = SearchParams(tenant_candidates=0, tenant_route="tree")
 EXACT_FILTER = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_route="filter")
 EXACT_ROUTES = (EXACT, EXACT_TREE, EXACT_FILTER)
+
+
+def small_config(**overrides: Any) -> IndexConfig:
+    """A tiny tenancy index (8 dimensions, tau and leaves of 3) whose shortlists split and
+    merge constantly; ``overrides`` change any field."""
+    fields: dict[str, Any] = dict(
+        dim=8,
+        posting_limit=24,
+        merge_threshold=3,
+        reassign_neighbours=8,
+        tenancy=True,
+        shortlist_limit=3,
+        tenant_leaf_size=3,
+        tenant_tree_branching=3,
+    )
+    return IndexConfig(**{**fields, **overrides})
 
 
 def norm(tenant: Any) -> Tenant:

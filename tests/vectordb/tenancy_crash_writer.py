@@ -20,21 +20,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from vectordb import IndexConfig, SpannIndex
+from tests.vectordb.tenancy_check import small_config
+from vectordb import SpannIndex
 
 DIM = 8
 BASE = 300
 OPS = 400
 TENANTS: list[Any] = [0, 1, 2, 5, "5", "ops", "qa-team", 10**12]
-CONFIG = IndexConfig(
-    dim=DIM,
+CONFIG = small_config(
     posting_limit=32,
-    merge_threshold=3,
-    reassign_neighbours=8,
-    tenancy=True,
-    shortlist_limit=3,
-    tenant_leaf_size=3,
-    tenant_tree_branching=3,
     checkpoint_wal_bytes=2048,  # checkpoints in the middle of the schedule (and of power cuts)
 )
 

@@ -20,6 +20,7 @@ from tests.vectordb.tenancy_check import (
     assert_exact,
     assert_index_matches,
     assert_no_leaks,
+    small_config,
 )
 from vectordb import IndexConfig, IndexConfigError, SearchParams, SpannIndex
 from vectordb.errors import InvalidArgumentError
@@ -29,17 +30,10 @@ DIM = 8
 
 
 def _config(**extra: Any) -> IndexConfig:
-    args: dict[str, Any] = dict(
-        dim=DIM,
-        posting_limit=16,
-        merge_threshold=3,
-        reassign_neighbours=8,
-        tenancy=True,
-        shortlist_limit=2,
-        tenant_leaf_size=2,
-        tenant_tree_branching=2,
+    defaults = dict(
+        posting_limit=16, shortlist_limit=2, tenant_leaf_size=2, tenant_tree_branching=2
     )
-    return IndexConfig(**{**args, **extra})
+    return small_config(**{**defaults, **extra})
 
 
 async def _built(directory: Path, n: int = 200, rows: Any = None, **extra: Any) -> SpannIndex:

@@ -22,23 +22,15 @@ from tests.vectordb.tenancy_check import (
     assert_exact,
     assert_index_matches,
     assert_no_leaks,
+    small_config,
 )
-from vectordb import IndexConfig, SearchParams, SpannIndex
+from vectordb import SearchParams, SpannIndex
 from vectordb.metric import Metric
 
 DIM = 8
 N = 600
 TENANTS: list[Any] = [0, 1, 2, 5, "5", "red", "blue", 10**12, "x"]
-CONFIG = IndexConfig(
-    dim=DIM,
-    posting_limit=24,
-    merge_threshold=3,
-    reassign_neighbours=8,
-    tenancy=True,
-    shortlist_limit=3,
-    tenant_leaf_size=3,
-    tenant_tree_branching=3,
-)
+CONFIG = small_config()
 
 
 def _base(n: int = N) -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Shortlist", "TenantShortlists", "TenantTreeMap"]
+__all__ = ["Shortlist", "TenantShortlists", "TenantTreeMap", "mark_internal"]
 
 
 class Shortlist:
@@ -36,6 +36,14 @@ class Shortlist:
 
 
 TenantTreeMap = dict[int, Shortlist | None]
+
+
+def mark_internal(tree: TenantTreeMap, node: int, parent: np.ndarray, stop: int = -1) -> None:
+    """Make the ancestors of ``node`` (below ``stop``) internal nodes of the tenant's tree."""
+    up = int(parent[node])
+    while up != stop and up >= 0 and up not in tree:
+        tree[up] = None
+        up = int(parent[up])
 
 
 class TenantShortlists:
@@ -125,10 +133,7 @@ class TenantShortlists:
         for tenant, node, pid, live in table.tolist():
             tree = self.edit(tenant)
             tree[node] = Shortlist(pid, live)
-            up = int(parent[node])
-            while up >= 0 and up not in tree:
-                tree[up] = None
-                up = int(parent[up])
+            mark_internal(tree, node, parent)
         self.compact_all()
 
     def resident_bytes(self) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 
 from vectordb.build import posting_capacity
 from vectordb.posting_store import PostingItem
-from vectordb.tenancy.shortlists import Shortlist, TenantTreeMap
+from vectordb.tenancy.shortlists import Shortlist, TenantTreeMap, mark_internal
 from vectordb.tenancy.tenant_store import location_versions
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _split_fresh(
     fresh.discard(node)
     for child, rows in _distribute(tenancy, node, leaves, np.array(rows_of.pop(node))):
         shortlists[child] = Shortlist(tenancy.store.take_pid(), len(rows))
-        _mark_internal(tenancy, shortlists, child, node)
+        mark_internal(shortlists, child, tenancy.tree.parent, node)
         rows_of[child] = rows.tolist()
         fresh.add(child)
 
@@ -123,7 +123,7 @@ async def _split(tenancy: Tenancy, tenant: int, node: int) -> None:
     shortlists[node] = None
     for child, entry in made:
         shortlists[child] = entry
-        _mark_internal(tenancy, shortlists, child, node)
+        mark_internal(shortlists, child, tenancy.tree.parent, node)
     tenancy.store.release(old.pid)
     tenancy.counters["shortlist_splits"] += 1
     if not made:  # nothing live was left under it
@@ -148,13 +148,6 @@ def _distribute(
     for child in np.unique(child_of).tolist():
         out += _distribute(tenancy, child, leaves, rows[child_of == child])
     return out
-
-
-def _mark_internal(tenancy: Tenancy, shortlists: TenantTreeMap, node: int, stop: int) -> None:
-    up = int(tenancy.tree.parent[node])
-    while up != stop and up >= 0 and up not in shortlists:
-        shortlists[up] = None
-        up = int(tenancy.tree.parent[up])
 
 
 async def settle(tenancy: Tenancy, tenant: int, node: int) -> None:
@@ -236,5 +229,5 @@ def bulk_items(
     placed = _distribute(tenancy, 0, leaves, rows)
     for node, part in placed:
         shortlists[node] = Shortlist(tenancy.store.take_pid(), len(part))
-        _mark_internal(tenancy, shortlists, node, -1)
+        mark_internal(shortlists, node, tenancy.tree.parent)
     return placed
