@@ -142,20 +142,16 @@ class FilteredIvf:
         del self.index
 
 
-class PerTenantRam:
-    name, knob = "per_tenant_ram", "exact"
+class _PerTenant:
+    """What both per-tenant peers share: one exact search a tenant, the rows of a batch
+    grouped by tenant (run_groups)."""
 
-    def __init__(self, ctx: Context) -> None:
-        faiss.omp_set_num_threads(THREADS)
-        self.ctx = ctx
-        self.indexes = {int(t): tenant_index(ctx, int(t)) for t in np.unique(ctx.row_tenant)}
+    knob = "exact"
+    ctx: Context
+    _search: Callable[[int, np.ndarray], np.ndarray]  # each peer's own: (tenant, queries) -> ids
 
     def values(self, requested: list[str]) -> list[Any]:
         return [0]
-
-    def _search(self, tenant: int, queries: np.ndarray) -> np.ndarray:
-        _, ids = self.indexes[tenant].search(queries, K)
-        return _pad(ids)
 
     def batch(self, rows: np.ndarray, value: Any, deadline: float) -> tuple[np.ndarray, int]:
         return run_groups(self.ctx, rows, self._search), 0
@@ -163,6 +159,19 @@ class PerTenantRam:
     def single(self, row: int, value: Any) -> np.ndarray:
         faiss.omp_set_num_threads(THREADS)
         return self._search(int(self.ctx.row_tenant[row]), self.ctx.queries[row : row + 1])[0]
+
+
+class PerTenantRam(_PerTenant):
+    name = "per_tenant_ram"
+
+    def __init__(self, ctx: Context) -> None:
+        faiss.omp_set_num_threads(THREADS)
+        self.ctx = ctx
+        self.indexes = {int(t): tenant_index(ctx, int(t)) for t in np.unique(ctx.row_tenant)}
+
+    def _search(self, tenant: int, queries: np.ndarray) -> np.ndarray:
+        _, ids = self.indexes[tenant].search(queries, K)
+        return _pad(ids)
 
     def cold(self, rows: np.ndarray) -> None:
         pass
@@ -195,16 +204,13 @@ def write_tenant_files(ctx: Context, directory: Path, log: Callable[[str], None]
     return time.perf_counter() - start
 
 
-class PerTenantDisk:
-    name, knob = "per_tenant_disk", "exact"
+class PerTenantDisk(_PerTenant):
+    name = "per_tenant_disk"
 
     def __init__(self, ctx: Context, directory: str) -> None:
         faiss.omp_set_num_threads(THREADS)
         self.ctx = ctx
         self.directory = Path(directory)
-
-    def values(self, requested: list[str]) -> list[Any]:
-        return [0]
 
     def _search(self, tenant: int, queries: np.ndarray) -> np.ndarray:
         path = tenant_file(self.directory, tenant)
@@ -212,13 +218,6 @@ class PerTenantDisk:
             return np.full((len(queries), K), -1, np.int64)
         _, ids = faiss.read_index(str(path)).search(queries, K)
         return _pad(ids)
-
-    def batch(self, rows: np.ndarray, value: Any, deadline: float) -> tuple[np.ndarray, int]:
-        return run_groups(self.ctx, rows, self._search), 0
-
-    def single(self, row: int, value: Any) -> np.ndarray:
-        faiss.omp_set_num_threads(THREADS)
-        return self._search(int(self.ctx.row_tenant[row]), self.ctx.queries[row : row + 1])[0]
 
     def cold(self, rows: np.ndarray) -> None:
         tenants = np.unique(self.ctx.row_tenant[rows])
