@@ -142,6 +142,20 @@ class Ours:
         tenant = int(self.ctx.row_tenant[row])
         return self._search(self.ctx.queries[row : row + 1], [tenant], value)[0]
 
+    def concurrent(self, rows: np.ndarray, value: Any) -> np.ndarray:
+        """Every row its own awaited one-query call, all at once (a service's callers)."""
+        params = self._params(value)
+
+        async def one(row: int) -> np.ndarray:
+            tenant = int(self.ctx.row_tenant[row])
+            query = self.ctx.queries[row : row + 1]
+            return np.asarray((await self.index.search(query, K, params, tenant=tenant))[0][0])
+
+        async def every() -> list[np.ndarray]:
+            return await asyncio.gather(*(one(int(r)) for r in rows))
+
+        return np.stack(self.runner.run(every())) if len(rows) else np.zeros((0, K), np.int64)
+
     def cold(self, rows: np.ndarray) -> None:
         drop_page_cache(index_files(self.directory))
 

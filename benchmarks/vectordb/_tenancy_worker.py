@@ -149,11 +149,36 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "cut": len(sample) - done,
                     }
                 )
+        if args.single_rows and hasattr(system, "concurrent"):
+            passes += _concurrent_passes(system, values, by_class, args.single_rows, found)
         figures = system.figures()
     finally:
         system.close()
     np.savez(args.out, **found)
     return {"system": system.name, "knob": system.knob, "passes": passes, "figures": figures}
+
+
+def _concurrent_passes(
+    system: Any, values: list[Any], by_class: list[tuple[int, np.ndarray]], n: int,
+    found: dict[str, Any],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Each class's single-call sample again, every row its own call, all awaited at once
+    (systems with ``concurrent``: ours, whose small searches gather into shared batches)."""
+    passes = []
+    for value in values:
+        for cls, rows in by_class:
+            sample = rows[:n]
+            system.cold(sample)
+            start = time.perf_counter()
+            ids = system.concurrent(sample, value)
+            wall_s = time.perf_counter() - start
+            key = f"concurrent|{label(value)}|{cls}"
+            found[key], found[key + "|rows"] = ids, sample
+            passes.append(
+                {"mode": "concurrent", "value": label(value), "cls": cls, "rows": len(sample),
+                 "wall_s": wall_s, "cut": 0}
+            )  # fmt: skip
+    return passes
 
 
 def main(argv: list[str] | None = None) -> None:
