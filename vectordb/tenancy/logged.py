@@ -108,10 +108,10 @@ async def search(
         if index.tenant_gatherer is None:
             run = functools.partial(_run_batch, index)
             index.tenant_gatherer = SearchGatherer(run, max_in_flight=2)
-        ids, dist, _ = await index.tenant_gatherer.search(tagged, k, params)
+        ids, dist, skipped = await index.tenant_gatherer.search(tagged, k, params)
     else:
-        ids, dist, _ = await _run_batch(index, tagged, k, params)
-    return SearchResult(ids, to_scores(index.metric, dist))
+        ids, dist, skipped = await _run_batch(index, tagged, k, params)
+    return SearchResult(ids, to_scores(index.metric, dist), skipped)  # the filtered route's
 
 
 async def _run_batch(index: SpannIndex, tagged: np.ndarray, k: int, params: SearchParams) -> Any:
