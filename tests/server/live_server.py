@@ -33,8 +33,8 @@ STOP_TIMEOUT_S = 30.0
 
 
 def new_admin_key() -> str:
-    """A fresh admin key in the service's ``tk_<id>_<secret>`` form."""
-    return f"tk_admintest_{secrets.token_hex(16)}"
+    """A fresh admin key in the service's ``tk_<key_id>_<secret>`` form (12 hex digits of id)."""
+    return f"tk_{secrets.token_hex(6)}_{secrets.token_hex(16)}"
 
 
 def free_port() -> int:
