@@ -21,6 +21,7 @@ __all__ = [
     "PointId",
     "ScoredPoint",
     "check_point_id",
+    "point_from_key",
     "point_key",
 ]
 
@@ -95,9 +96,7 @@ def check_point_id(value: Any) -> PointId:
             raise InvalidPointError(
                 f"a point id is an integer >= 0 or a UUID, got {value[:64]!r}"
             ) from None
-    raise InvalidPointError(
-        f"a point id is an integer >= 0 or a UUID, got {type(value).__name__}"
-    )
+    raise InvalidPointError(f"a point id is an integer >= 0 or a UUID, got {type(value).__name__}")
 
 
 def point_key(point_id: PointId) -> bytes:
@@ -106,3 +105,10 @@ def point_key(point_id: PointId) -> bytes:
     if isinstance(point_id, int):
         return b"i" + point_id.to_bytes(8, "big")
     return b"u" + uuid.UUID(point_id).bytes
+
+
+def point_from_key(key: bytes) -> PointId:
+    """The point id whose :func:`point_key` is ``key``."""
+    if key[:1] == b"i":
+        return int.from_bytes(key[1:], "big")
+    return str(uuid.UUID(bytes=key[1:]))

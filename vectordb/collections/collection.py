@@ -1,0 +1,391 @@
+"""Collection: points (id, vector, payload) with tenants, filters and keyword indexes.
+
+Files (``<directory>/``): ``points/`` (PointStore: LMDB, the truth) and ``index/`` (a
+SpannIndex with tenancy: every point's vector under its internal id, labelled with the tenants
+that may read it and its keyword-indexed payload values, labels.py).
+
+A write is: check the caller's input and rights (writes.py), commit the points and an intent
+in one synced LMDB transaction, apply the intent to the index (intents.py), return. A crash
+between the two leaves the intent in the store; opening replays it. So an acknowledged write
+survives ``kill -9``, and reads never see a point the store does not hold (a hit whose record
+is gone is dropped). Reads run concurrently with each other and with one writer.
+
+Thread-safety: one asyncio loop (the index's). Writes are serialised by ``_write_lock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tiers.io import IORuntime
+from vectordb.collections import writes
+from vectordb.collections.errors import InvalidPointError
+from vectordb.collections.filters import Filter
+from vectordb.collections.intents import apply_intent
+from vectordb.collections.labels import tenant_label
+from vectordb.collections.point_store import PointStore, StoreChange
+from vectordb.collections.points import (
+    DISTANCES,
+    CollectionConfig,
+    Point,
+    PointId,
+    ScoredPoint,
+    check_point_id,
+    point_from_key,
+)
+from vectordb.collections.query import Hit, run_query
+from vectordb.config import IndexConfig
+from vectordb.errors import InvalidVectorsError
+from vectordb.index import SpannIndex
+
+__all__ = ["Collection"]
+
+_MAX_TENANT_CHARS = 1000
+
+
+class Collection:
+    def __init__(
+        self, name: str, config: CollectionConfig, store: PointStore, index: SpannIndex
+    ) -> None:
+        self.name, self.config, self.store, self.index = name, config, store, index
+        self.payload_indexes: list[str] = store.meta_json(b"indexes") or []
+        self._write_lock = asyncio.Lock()
+        self._done: list[int] = []  # applied intents, cleared by the next write
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def create(
+        cls,
+        name: str,
+        directory: str,
+        config: CollectionConfig,
+        runtime: IORuntime | None = None,
+        memory_budget_bytes: int | None = None,
+    ) -> Collection:
+        store = PointStore(os.path.join(directory, "points"))
+        try:
+            await store.write(StoreChange(meta={b"config": orjson.dumps(config.to_dict())}))
+            index_config = IndexConfig(
+                dim=config.dim, metric=DISTANCES[config.distance], dtype=config.dtype, tenancy=True
+            )
+            index = await SpannIndex.create(
+                os.path.join(directory, "index"),
+                index_config,
+                runtime=runtime,
+                memory_budget_bytes=memory_budget_bytes,
+            )
+        except BaseException:
+            await store.aclose()
+            raise
+        return cls(name, config, store, index)
+
+    @classmethod
+    async def open(
+        cls,
+        name: str,
+        directory: str,
+        runtime: IORuntime | None = None,
+        memory_budget_bytes: int | None = None,
+    ) -> Collection:
+        """Open and replay the intents a crash left (the index catches up with the points)."""
+        store = PointStore(os.path.join(directory, "points"))
+        try:
+            config = CollectionConfig.from_dict(store.meta_json(b"config"))
+            index = await SpannIndex.open(
+                os.path.join(directory, "index"),
+                runtime=runtime,
+                memory_budget_bytes=memory_budget_bytes,
+            )
+        except BaseException:
+            await store.aclose()
+            raise
+        collection = cls(name, config, store, index)
+        try:
+            for seq, ops in store.intents():
+                await apply_intent(index, store, ops, collection.payload_indexes)
+                collection._done.append(seq)
+        except BaseException:
+            await collection.aclose()
+            raise
+        return collection
+
+    async def aclose(self) -> None:
+        async with self._write_lock:
+            try:
+                if self._done:
+                    await self.store.write(StoreChange(done_intents=self._done))
+                    self._done = []
+                await self.index.aclose()
+            finally:
+                await self.store.aclose()
+
+    # ----------------------------------------------------------------- writes
+    async def upsert(
+        self,
+        ids: Any,
+        vectors: Any,
+        payloads: Any = None,
+        *,
+        tenant: str | None = None,
+        max_points: int | None = None,
+    ) -> None:
+        """Insert or overwrite points; durable when it returns. A tenant's new points are
+        granted to it; ``max_points``: how many points the tenant may read at most after."""
+        point_ids = _point_ids(ids)
+        rows = _payloads(payloads, len(point_ids))
+        tenant = _tenant(tenant)
+        if not point_ids:
+            return
+        matrix = self._vectors(vectors, len(point_ids))
+        async with self._write_lock:
+            visible = self.index.count(tenant_label(tenant)) if tenant is not None else 0
+            plan = writes.plan_upsert(
+                self.store, point_ids, matrix, rows, tenant, visible, max_points
+            )
+            await self._commit(plan)
+
+    async def delete(self, ids: Any, *, tenant: str | None = None) -> int:
+        """Delete points (a tenant: those it owns; its grants on others are revoked); returns
+        how many the caller saw go."""
+        point_ids = _point_ids(ids, unique=False)
+        tenant = _tenant(tenant)
+        async with self._write_lock:
+            plan = writes.plan_delete(self.store, point_ids, tenant)
+            await self._commit(plan)
+        return plan.affected
+
+    async def delete_where(self, filt: Filter, *, tenant: str | None = None) -> int:
+        tenant = _tenant(tenant)
+        async with self._write_lock:
+            found = await asyncio.to_thread(self._scan_keys, filt, tenant)
+            records = self.store.records([i for _, i in found])
+            plan = writes.plan_delete_records(found, records, tenant)
+            await self._commit(plan)
+        return plan.affected
+
+    async def grant(self, ids: Any, tenant: str) -> int:
+        """Let ``tenant`` read the points (admin); returns how many it could not before."""
+        return await self._access(ids, tenant, grant=True)
+
+    async def revoke(self, ids: Any, tenant: str) -> int:
+        return await self._access(ids, tenant, grant=False)
+
+    async def _access(self, ids: Any, tenant: str, grant: bool) -> int:
+        point_ids = _point_ids(ids, unique=False)
+        name = _tenant(tenant)
+        if name is None:
+            raise InvalidPointError("grant and revoke need a tenant name")
+        async with self._write_lock:
+            plan = writes.plan_access(self.store, point_ids, name, grant)
+            await self._commit(plan)
+        return plan.affected
+
+    async def create_payload_index(self, field: str) -> None:
+        """Index a keyword field: a filter's ``must`` match on it searches only its points."""
+        if not isinstance(field, str) or not field or "." in field or len(field) > 256:
+            raise InvalidPointError(f"a payload index field is a top-level key, got {field!r}")
+        async with self._write_lock:
+            if field in self.payload_indexes:
+                return
+            grants = await asyncio.to_thread(self._keyword_grants, field)
+            fields = [*self.payload_indexes, field]
+            change = StoreChange(meta={b"indexes": orjson.dumps(fields)})
+            ops = [["grant", label, ids] for label, ids in grants.items()]
+            await self._commit(writes.Plan(change, ops))
+            self.payload_indexes = fields
+
+    async def _commit(self, plan: writes.Plan) -> None:
+        plan.change.intent = plan.ops
+        plan.change.done_intents, self._done = self._done, []
+        seq = await self.store.write(plan.change)
+        await apply_intent(self.index, self.store, plan.ops, self.payload_indexes, plan.records)
+        assert seq is not None
+        self._done.append(seq)
+
+    # ----------------------------------------------------------------- reads
+    async def retrieve(
+        self,
+        ids: Any,
+        *,
+        tenant: str | None = None,
+        with_payload: bool = True,
+        with_vector: bool = False,
+    ) -> list[Point]:
+        """The points the caller may read, in the order asked (missing ones left out)."""
+        from vectordb.collections.points import point_key
+
+        point_ids = _point_ids(ids, unique=False)
+        tenant = _tenant(tenant)
+        internal = self.store.lookup([point_key(p) for p in point_ids])
+        present = [i for i in internal if i is not None]
+        records = dict(zip(present, self.store.records(present), strict=True))
+        out = []
+        for internal_id in internal:
+            record = records.get(internal_id) if internal_id is not None else None
+            if internal_id is None or record is None:
+                continue
+            if not self._may_read(internal_id, record.tenants, tenant):
+                continue
+            vector = record.vector.tolist() if with_vector else None
+            out.append(Point(record.point_id, record.payload if with_payload else None, vector))
+        return out
+
+    async def count(self, filt: Filter | None = None, *, tenant: str | None = None) -> int:
+        tenant = _tenant(tenant)
+        if filt is None:
+            if tenant is None:
+                return self.store.count()
+            return self.index.count(tenant_label(tenant))
+        return len(await asyncio.to_thread(self._scan_keys, filt, tenant))
+
+    async def query(
+        self,
+        vectors: Any,
+        *,
+        limit: int = 10,
+        offset: int = 0,
+        filter: Filter | None = None,
+        tenant: str | None = None,
+        with_payload: bool = True,
+        with_vector: bool = False,
+        score_threshold: float | None = None,
+        exact: bool = False,
+    ) -> list[list[ScoredPoint]]:
+        """Each query row's nearest points the caller may read and ``filter`` matches."""
+        matrix = self._vectors(vectors, None)
+        for name, value in (("limit", limit), ("offset", offset)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidPointError(f"{name} must be an integer >= 0, got {value!r}")
+        tenant = _tenant(tenant)
+        need_records = with_payload or with_vector
+        rows = await run_query(
+            self,
+            matrix,
+            limit + offset,
+            filter,
+            tenant,
+            self._score_ok(score_threshold),
+            need_records,
+            exact,
+        )
+        return [[self._scored(h, with_payload, with_vector) for h in r[offset:]] for r in rows]
+
+    # ----------------------------------------------------------------- helpers
+    def info(self) -> dict[str, Any]:
+        return {
+            "points_count": self.store.count(),
+            "config": self.config.to_dict(),
+            "payload_indexes": list(self.payload_indexes),
+            "status": "green",
+        }
+
+    def stats(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.index.stats().items() if _is_number(v)}
+
+    def to_scores(self, index_scores: np.ndarray) -> list[float]:
+        """The index's scores as reported: Euclidean distance for Euclid (the index ranks by
+        its square), similarities as they are."""
+        if self.config.distance == "Euclid":
+            return np.sqrt(np.maximum(index_scores, 0.0)).tolist()
+        return index_scores.tolist()
+
+    def _score_ok(self, threshold: float | None) -> Any:
+        if threshold is None:
+            return lambda score: True
+        if self.config.distance == "Euclid":
+            return lambda score: score <= threshold
+        return lambda score: score >= threshold
+
+    def _scored(self, hit: Hit, with_payload: bool, with_vector: bool) -> ScoredPoint:
+        record = hit.record
+        payload = record.payload if with_payload and record is not None else None
+        vector = record.vector.tolist() if with_vector and record is not None else None
+        return ScoredPoint(point_from_key(hit.key), hit.score, payload, vector)
+
+    def _may_read(self, internal_id: int, tenants: list[str], tenant: str | None) -> bool:
+        """The record's tenants and the index's access table must both allow it."""
+        if tenant is None:
+            return True
+        return tenant in tenants and tenant_label(tenant) in self.index.tenants_of(internal_id)
+
+    def _scan_keys(self, filt: Filter | None, tenant: str | None) -> list[tuple[bytes, int]]:
+        from vectordb.collections.points import point_key
+
+        out = []
+        for internal_id, record in self.store.scan():
+            if tenant is not None and tenant not in record.tenants:
+                continue
+            if filt is None or filt.matches(record.point_id, record.payload):
+                out.append((point_key(record.point_id), internal_id))
+        return out
+
+    def _keyword_grants(self, field: str) -> dict[str, list[int]]:
+        from vectordb.collections.labels import keyword_labels
+
+        grants: dict[str, list[int]] = {}
+        for internal_id, record in self.store.scan():
+            for label in keyword_labels(record.payload, [field]):
+                grants.setdefault(label, []).append(internal_id)
+        return grants
+
+    def _vectors(self, vectors: Any, n: int | None) -> np.ndarray:
+        try:
+            matrix = np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InvalidVectorsError(f"vectors must be numbers: {exc}") from None
+        if matrix.ndim == 1:
+            matrix = matrix[None, :]
+        if matrix.ndim != 2 or matrix.shape[1] != self.config.dim:
+            raise InvalidVectorsError(
+                f"expected vectors of size {self.config.dim}, got shape {matrix.shape}"
+            )
+        if n is not None and len(matrix) != n:
+            raise InvalidVectorsError(f"{len(matrix)} vectors for {n} ids")
+        if not np.isfinite(matrix).all():
+            raise InvalidVectorsError("vectors hold NaN or infinity (or exceed float32)")
+        if self.config.distance == "Cosine":
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            matrix = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
+        return np.ascontiguousarray(matrix)
+
+
+def _point_ids(ids: Any, unique: bool = True) -> list[PointId]:
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise InvalidPointError(f"expected a list of point ids, got {type(ids).__name__}")
+    out = [check_point_id(i.item() if isinstance(i, np.generic) else i) for i in ids]
+    if unique and len(set(out)) != len(out):
+        raise InvalidPointError("a point id appears twice in one call")
+    return out
+
+
+def _payloads(payloads: Any, n: int) -> list[dict[str, Any] | None]:
+    if payloads is None:
+        return [None] * n
+    rows = list(payloads)
+    if len(rows) != n:
+        raise InvalidPointError(f"{len(rows)} payloads for {n} points")
+    for row in rows:
+        if row is not None and not isinstance(row, dict):
+            raise InvalidPointError(f"a payload is a JSON object, got {type(row).__name__}")
+        try:
+            orjson.dumps(row)
+        except TypeError as exc:
+            raise InvalidPointError(f"a payload must be JSON: {exc}") from None
+    return rows
+
+
+def _tenant(tenant: Any) -> str | None:
+    if tenant is None:
+        return None
+    if not isinstance(tenant, str) or not tenant or len(tenant) > _MAX_TENANT_CHARS:
+        raise InvalidPointError(f"a tenant is a non-empty string of <= {_MAX_TENANT_CHARS} chars")
+    return tenant
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
