@@ -1,5 +1,6 @@
-"""The ``tierkit`` command: ``demo`` measures the I/O core, the tiered store and the vector index
-on real files; ``engines`` says which I/O engines can run here.
+"""The ``tierkit`` command: ``serve`` runs the REST vector search service; ``demo`` measures the
+I/O core, the tiered store and the vector index on real files; ``engines`` says which I/O
+engines can run here.
 
 A bad value is refused by argparse before anything runs (one ``error:`` line, exit status 2). A
 failure the library reports while running (a typed tierkit error, or the OS refusing a file) is
@@ -26,6 +27,9 @@ tierkit: tiered storage middleware for large-model work. One async I/O core
 (io_uring, or a thread pool) and one tiered store (HBM, DRAM, CXL, NVMe), with a
 disk-resident vector index and a globally shuffled data loader on top."""
 EPILOG = """examples:
+  tierkit serve --data .tierkit-data --sample
+                         the REST vector search service on http://127.0.0.1:6333, with a
+                         2,000-point sample collection (prints the admin key on first start)
   tierkit engines        which I/O engines can run here, and why not
   tierkit demo           the I/O core, the tiered store and the vector index on real files
                          (~15 s; the first run also compiles numba's kernels)
@@ -68,6 +72,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from server.cli import run_serve
+
+    return run_serve(args, args.parser)
+
+
 def _check_room(args: argparse.Namespace) -> None:
     """Refuse a file bigger than the free space now, not after filling the disk."""
     free = free_mib(args.dir)
@@ -83,7 +93,14 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,engines}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,engines}")
+    from server.cli import SERVE_DESCRIPTION, add_serve_arguments
+
+    serve = sub.add_parser(
+        "serve", help="run the REST vector search service", description=SERVE_DESCRIPTION
+    )
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve, check=None, parser=serve)
     demo = sub.add_parser(
         "demo", help="measure the I/O core, the store and the index", description=DEMO_DESCRIPTION
     )

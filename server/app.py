@@ -1,0 +1,89 @@
+"""The application: ``create_app(settings)`` wires the routers, middleware and error handlers;
+its lifespan opens the key store and the catalog, and closes them on shutdown.
+
+    app = create_app(Settings(data_dir="data"))
+    uvicorn.run(app)        # or server.run.serve(settings)
+
+Start: the key store (a first start with no admin key creates one and prints it once to stdout,
+``admin key: tk_...``, unless ``$TIERKIT_ADMIN_KEY`` gives it), then the catalog (inside the
+running loop: its I/O engine binds to it), then, with ``settings.sample``, the sample collection.
+Stop: uvicorn first drains in-flight requests (``graceful_timeout_s``); then the catalog is taken
+out of service (requests answer 503) and closed, which checkpoints every collection.
+
+Middleware, outermost first: observability (request id, access log, metrics), body limit,
+timeout. Thread-safety: one app per event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server.envelope import OrjsonResponse
+from server.errors import install_error_handlers
+from server.keys import KeyStore
+from server.limits import BodyLimitMiddleware, TimeoutMiddleware
+from server.metrics import Metrics
+from server.observability import ObservabilityMiddleware
+from server.ratelimit import RateLimiter
+from server.routers import collections, keys, ops, points
+from server.sample import ensure_sample
+from server.settings import Settings
+from vectordb.collections import Catalog
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("tierkit.server")
+DESCRIPTION = """A Qdrant-compatible REST vector search service over tierkit's disk-resident
+index. Authenticate with the `api-key` header (or `Authorization: Bearer`): the admin key, or a
+tenant key that sees only the points granted to its tenant."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        admin_key = os.environ.get("TIERKIT_ADMIN_KEY") or None
+        store, created = await asyncio.to_thread(KeyStore.open, settings.data_dir, admin_key)
+        if created is not None:
+            print(f"admin key: {created}", flush=True)
+            print("  (shown once, stored only as a hash: keep it)", flush=True)
+        catalog = await Catalog.open(
+            settings.data_dir, memory_budget_bytes=settings.memory_budget_bytes
+        )
+        try:
+            if settings.sample:
+                await ensure_sample(catalog)
+            app.state.keys = store
+            app.state.limiter = RateLimiter()
+            app.state.catalog = catalog
+            log.info("ready: %d collection(s) in %s", len(catalog.names()), settings.data_dir)
+            yield
+        finally:
+            app.state.catalog = None
+            await catalog.aclose()
+
+    app = FastAPI(
+        title="tierkit",
+        version=ops.QDRANT_VERSION,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=OrjsonResponse,
+    )
+    app.state.settings = settings
+    app.state.catalog = None
+    app.state.keys = None
+    app.state.next_operation_id = itertools.count(1).__next__
+    app.state.metrics = Metrics(lambda: getattr(app.state, "catalog", None))
+    for module in (ops, collections, points, keys):
+        app.include_router(module.router)  # each built with OrjsonRoute
+    install_error_handlers(app)
+    app.add_middleware(TimeoutMiddleware, timeout_s=settings.request_timeout_s)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics)
+    return app

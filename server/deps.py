@@ -1,0 +1,84 @@
+"""The dependencies every router shares: who is calling, the catalog, the collection.
+
+    @router.post("/collections/{collection_name}/points/count")
+    async def count(body: CountBody, caller: Caller, collection: CollectionDep): ...
+
+``Caller`` authenticates the ``api-key`` header (or ``Authorization: Bearer``), applies the
+tenant's rate limit (429 with Retry-After) and records the tenant for the access log. ``Admin``
+is a Caller that must be the admin (403 otherwise). The state they read (``keys``, ``catalog``,
+``limiter``) is set on ``app.state`` by the lifespan; before it is, requests get 503.
+
+Thread-safety: event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from server.errors import ApiError, RateLimitedError
+from server.keys import ForbiddenError, KeyStore, Principal
+from server.ratelimit import RateLimiter
+from vectordb.collections import Catalog, Collection
+
+__all__ = ["Admin", "Caller", "CatalogDep", "CollectionDep", "shielded"]
+
+T = TypeVar("T")
+
+_api_key = APIKeyHeader(name="api-key", auto_error=False, description="tk_... key")
+_bearer = HTTPBearer(auto_error=False, description="the same key as a bearer token")
+
+
+def _state(request: Request, name: str) -> Any:
+    value = getattr(request.app.state, name, None)
+    if value is None:
+        raise ApiError(503, "service is starting or stopping")
+    return value
+
+
+async def _caller(
+    request: Request,
+    api_key: Annotated[str | None, Depends(_api_key)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    keys: KeyStore = _state(request, "keys")
+    presented = api_key or (bearer.credentials if bearer is not None else None)
+    principal = await keys.authenticate(presented)
+    request.state.tenant = principal.tenant or "admin"
+    if principal.rps is not None:
+        limiter: RateLimiter = _state(request, "limiter")
+        wait_s = limiter.acquire(principal.tenant or "admin", principal.rps)
+        if wait_s > 0:
+            raise RateLimitedError(wait_s)
+    return principal
+
+
+async def _admin(caller: Annotated[Principal, Depends(_caller)]) -> Principal:
+    if not caller.is_admin:
+        raise ForbiddenError("this operation needs the admin key")
+    return caller
+
+
+def _catalog(request: Request) -> Catalog:
+    catalog: Catalog = _state(request, "catalog")
+    return catalog
+
+
+def _collection(collection_name: str, catalog: Annotated[Catalog, Depends(_catalog)]) -> Collection:
+    return catalog.get(collection_name)  # CollectionNotFoundError: 404
+
+
+Caller = Annotated[Principal, Depends(_caller)]
+Admin = Annotated[Principal, Depends(_admin)]
+CatalogDep = Annotated[Catalog, Depends(_catalog)]
+CollectionDep = Annotated[Collection, Depends(_collection)]
+
+
+async def shielded(work: Awaitable[T]) -> T:
+    """Await a write so that a request timeout or a dropped client does not cancel it half
+    way: the write finishes (and is durable) even when its answer is lost."""
+    return await asyncio.shield(work)

@@ -1,0 +1,208 @@
+"""Points: upsert, retrieve, delete, count, query (one, batch, legacy search), grant/revoke.
+
+Every call passes the caller's tenant to the collection (None for the admin), which enforces
+what it may read and change: a tenant never sees, counts or deletes a point it was not granted,
+whatever filter it sends. Writes are durable when they answer (``wait`` is accepted; every
+write waits) and shielded from cancellation (see ``server.deps.shielded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from server.deps import Admin, Caller, CollectionDep, shielded
+from server.envelope import OrjsonRoute, ok
+from server.errors import ApiError
+from server.keys import Principal
+from server.models import (
+    CountBody,
+    DeleteBody,
+    GrantBody,
+    QueryBatchBody,
+    QueryBody,
+    RetrieveBody,
+    SearchBody,
+    UpsertBody,
+)
+from server.shapes import (
+    as_filter,
+    as_matrix,
+    hit_json,
+    payload_selection,
+    point_json,
+    wants_vector,
+)
+from vectordb.collections import Collection
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["points"], route_class=OrjsonRoute)
+_PREFIX = "/collections/{collection_name}/points"
+
+
+def _updated(request: Request, **extra: Any) -> Response:
+    result = {"operation_id": request.app.state.next_operation_id(), "status": "completed"}
+    return ok({**result, **extra}, request)
+
+
+@router.put(_PREFIX, summary="Upsert points (list or batch form)")
+async def upsert_points(
+    request: Request,
+    body: UpsertBody,
+    caller: Caller,
+    collection: CollectionDep,
+    wait: bool | None = None,
+) -> Response:
+    dim = collection.config.dim
+    if body.points is not None:
+        ids = [p.id for p in body.points]
+        vectors = as_matrix([p.vector for p in body.points], dim, "points")
+        payloads: list[dict[str, Any] | None] | None = [p.payload for p in body.points]
+    else:
+        assert body.batch is not None  # the model allows exactly one form
+        batch = body.batch
+        if len(batch.vectors) != len(batch.ids):
+            raise ApiError(400, "batch: ids and vectors differ in length")
+        if batch.payloads is not None and len(batch.payloads) != len(batch.ids):
+            raise ApiError(400, "batch: ids and payloads differ in length")
+        ids, vectors, payloads = batch.ids, as_matrix(batch.vectors, dim, "batch.vectors"), None
+        payloads = batch.payloads
+    write = collection.upsert(
+        list(ids), vectors, payloads, tenant=caller.tenant, max_points=caller.max_points
+    )
+    await shielded(write)
+    return _updated(request)
+
+
+def _point_id(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+@router.get(_PREFIX + "/{point_id}", summary="Retrieve one point")
+async def get_point(
+    request: Request, point_id: str, caller: Caller, collection: CollectionDep
+) -> Response:
+    found = await collection.retrieve(
+        [_point_id(point_id)], tenant=caller.tenant, with_payload=True, with_vector=True
+    )
+    if not found:  # the same answer for absent and unreadable: nothing leaks
+        raise ApiError(404, f"No point with id {point_id} found")
+    return ok(point_json(found[0], payload_selection(True)), request)
+
+
+@router.post(_PREFIX, summary="Retrieve points by id")
+async def retrieve_points(
+    request: Request, body: RetrieveBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    selection = payload_selection(body.with_payload)
+    found = await collection.retrieve(
+        list(body.ids),
+        tenant=caller.tenant,
+        with_payload=selection[0],
+        with_vector=wants_vector(body.with_vector),
+    )
+    return ok([point_json(p, selection) for p in found], request)
+
+
+@router.post(_PREFIX + "/delete", summary="Delete points by id or filter")
+async def delete_points(
+    request: Request,
+    body: DeleteBody,
+    caller: Caller,
+    collection: CollectionDep,
+    wait: bool | None = None,
+) -> Response:
+    if body.points is not None:
+        await shielded(collection.delete(list(body.points), tenant=caller.tenant))
+    else:
+        where = as_filter(body.filter)
+        assert where is not None  # the model requires one form
+        await shielded(collection.delete_where(where, tenant=caller.tenant))
+    return _updated(request)
+
+
+@router.post(_PREFIX + "/count", summary="Count points")
+async def count_points(
+    request: Request, body: CountBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    count = await collection.count(as_filter(body.filter), tenant=caller.tenant)
+    return ok({"count": count}, request)
+
+
+def _query_vector(body: QueryBody) -> list[float]:
+    query = body.query
+    if isinstance(query, dict):
+        nearest = query.get("nearest")
+        if set(query) != {"nearest"} or not isinstance(nearest, list):
+            raise ApiError(400, 'query: give a vector or {"nearest": vector}')
+        query = nearest
+    if query is None:
+        raise ApiError(400, "query: a vector is required")
+    if body.prefetch is not None or body.using:
+        raise ApiError(400, "prefetch and named vectors (using) are not supported")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in query):
+        raise ApiError(400, "query: a vector of numbers is required")
+    return [float(x) for x in query]
+
+
+async def _search(
+    collection: Collection, vector: list[float], body: QueryBody | SearchBody, caller: Principal
+) -> list[dict[str, Any]]:
+    selection = payload_selection(body.with_payload)
+    params = body.params
+    hits = await collection.query(
+        as_matrix([vector], collection.config.dim, "query"),
+        limit=10 if body.limit is None else body.limit,
+        offset=body.offset or 0,
+        filter=as_filter(body.filter),
+        tenant=caller.tenant,
+        with_payload=selection[0],
+        with_vector=wants_vector(body.with_vector),
+        score_threshold=body.score_threshold,
+        exact=bool(params and params.exact),
+    )
+    return [hit_json(hit, selection) for hit in hits[0]]
+
+
+@router.post(_PREFIX + "/query", summary="Query points nearest to a vector")
+async def query_points(
+    request: Request, body: QueryBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    points = await _search(collection, _query_vector(body), body, caller)
+    return ok({"points": points}, request)
+
+
+@router.post(_PREFIX + "/query/batch", summary="Run several queries")
+async def query_batch(
+    request: Request, body: QueryBatchBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    vectors = [_query_vector(search) for search in body.searches]  # refuse before running any
+    runs = [_search(collection, v, s, caller) for v, s in zip(vectors, body.searches, strict=True)]
+    results = await asyncio.gather(*runs)  # concurrent: the index gathers them into one batch
+    return ok([{"points": points} for points in results], request)
+
+
+@router.post(_PREFIX + "/search", summary="Search (legacy alias of query)")
+async def search_points(
+    request: Request, body: SearchBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    return ok(await _search(collection, body.vector, body, caller), request)
+
+
+@router.post(_PREFIX + "/grant", summary="Grant points to a tenant (admin)")
+async def grant_points(
+    request: Request, body: GrantBody, _: Admin, collection: CollectionDep
+) -> Response:
+    changed = await shielded(collection.grant(list(body.points), body.tenant))
+    return _updated(request, changed=changed)
+
+
+@router.post(_PREFIX + "/revoke", summary="Revoke points from a tenant (admin)")
+async def revoke_points(
+    request: Request, body: GrantBody, _: Admin, collection: CollectionDep
+) -> Response:
+    changed = await shielded(collection.revoke(list(body.points), body.tenant))
+    return _updated(request, changed=changed)

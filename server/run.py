@@ -1,0 +1,51 @@
+"""Run the service under uvicorn: one worker, one event loop, graceful shutdown.
+
+    serve(load_settings({"data_dir": "data", "port": 6333}))
+
+On SIGINT/SIGTERM uvicorn stops accepting connections, waits up to ``graceful_timeout_s`` for
+in-flight requests, then runs the app's shutdown (the catalog checkpoints). Logs go to stderr,
+one JSON line per request from the ``tierkit.server.access`` logger; stdout carries only the
+admin key line of a first start.
+
+Thread-safety: call once, from the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from server.app import create_app
+from server.settings import Settings
+
+__all__ = ["serve"]
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("tierkit", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
+def serve(settings: Settings) -> None:
+    _configure_logging(settings.log_level)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        log_config=None,  # ours above; uvicorn's access log is replaced by the JSON one
+        access_log=False,
+        timeout_graceful_shutdown=max(1, round(settings.graceful_timeout_s)),
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:  # the port was taken, or the app failed to start
+        raise SystemExit(1)
