@@ -125,9 +125,10 @@ class _QueryCommon(_Body):
 
 
 class QueryBody(_QueryCommon):
-    """``query``: a vector, or ``{"nearest": vector}`` (what qdrant-client sends)."""
+    """``query``: a vector, a point id (that point's vector), or ``{"nearest": either}`` (what
+    qdrant-client sends)."""
 
-    query: Vector | dict[str, Any] | None = None
+    query: Vector | PointId | dict[str, Any] | None = None
     using: StrictStr | None = None
     prefetch: Any = None
 

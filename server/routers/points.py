@@ -132,19 +132,27 @@ async def count_points(
     return ok({"count": count}, request)
 
 
-def _query_vector(body: QueryBody) -> list[float]:
-    query = body.query
+async def _query_vector(body: QueryBody, collection: Collection, caller: Principal) -> list[float]:
+    query: Any = body.query
     if isinstance(query, dict):
-        nearest = query.get("nearest")
-        if set(query) != {"nearest"} or not isinstance(nearest, list):
-            raise ApiError(400, 'query: give a vector or {"nearest": vector}')
-        query = nearest
+        if set(query) != {"nearest"}:
+            raise ApiError(400, 'query: give a vector, a point id or {"nearest": either}')
+        query = query["nearest"]
     if query is None:
-        raise ApiError(400, "query: a vector is required")
+        raise ApiError(400, "query: a vector or a point id is required")
     if body.prefetch is not None or body.using:
         raise ApiError(400, "prefetch and named vectors (using) are not supported")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in query):
-        raise ApiError(400, "query: a vector of numbers is required")
+    if isinstance(query, int | str) and not isinstance(query, bool):  # a point's own vector
+        found = await collection.retrieve(
+            [query], tenant=caller.tenant, with_payload=False, with_vector=True
+        )
+        if not found or found[0].vector is None:  # absent and unreadable look the same
+            raise ApiError(404, f"query: no point with id {query}")
+        return [float(x) for x in found[0].vector]
+    if not isinstance(query, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in query
+    ):
+        raise ApiError(400, "query: a vector of numbers or a point id is required")
     return [float(x) for x in query]
 
 
@@ -171,7 +179,8 @@ async def _search(
 async def query_points(
     request: Request, body: QueryBody, caller: Caller, collection: CollectionDep
 ) -> Response:
-    points = await _search(collection, _query_vector(body), body, caller)
+    vector = await _query_vector(body, collection, caller)
+    points = await _search(collection, vector, body, caller)
     return ok({"points": points}, request)
 
 
@@ -179,7 +188,7 @@ async def query_points(
 async def query_batch(
     request: Request, body: QueryBatchBody, caller: Caller, collection: CollectionDep
 ) -> Response:
-    vectors = [_query_vector(search) for search in body.searches]  # refuse before running any
+    vectors = [await _query_vector(s, collection, caller) for s in body.searches]  # all or none
     runs = [_search(collection, v, s, caller) for v, s in zip(vectors, body.searches, strict=True)]
     results = await asyncio.gather(*runs)  # concurrent: the index gathers them into one batch
     return ok([{"points": points} for points in results], request)

@@ -108,6 +108,8 @@ def test_query_forms_agree(live: LiveServer) -> None:
     paged = {"query": q, "offset": 2, "limit": 3, "params": exact}
     page = result(live.admin("POST", C + "/points/query", paged))["points"]
     assert [p["id"] for p in page] == [p.id for p in response.points[2:5]]
+    by_id = result(live.admin("POST", C + "/points/query", {"query": 5, "params": exact}))
+    assert [p["id"] for p in by_id["points"]] == [p.id for p in response.points]
     high = {"query": q, "score_threshold": 0.999, "params": exact}
     assert [p["id"] for p in result(live.admin("POST", C + "/points/query", high))["points"]] == [5]
 
@@ -137,6 +139,7 @@ def test_tenants_see_only_their_points(live: LiveServer) -> None:
     # the other tenant cannot read, overwrite or delete it, whatever it sends
     assert result(live.call("POST", C + "/points", other, {"ids": [100, 1]})) == []
     assert live.call("GET", C + "/points/100", other).status_code == 404
+    assert live.call("POST", C + "/points/query", other, {"query": 100}).status_code == 404
     steal = {"points": [{"id": 100, "vector": vec(2)}]}
     refusal = live.call("PUT", C + "/points", other, steal)
     assert refusal.status_code == 403 and "acme" not in refusal.text
