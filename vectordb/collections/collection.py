@@ -358,9 +358,10 @@ def _point_ids(ids: Any, unique: bool = True) -> list[PointId]:
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise InvalidPointError(f"expected a list of point ids, got {type(ids).__name__}")
     out = [check_point_id(i.item() if isinstance(i, np.generic) else i) for i in ids]
-    if unique and len(set(out)) != len(out):
+    once = list(dict.fromkeys(out))  # first occurrences, in order
+    if unique and len(once) != len(out):
         raise InvalidPointError("a point id appears twice in one call")
-    return out
+    return once
 
 
 def _payloads(payloads: Any, n: int) -> list[dict[str, Any] | None]:
