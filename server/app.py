@@ -17,13 +17,17 @@ timeout. Thread-safety: one app per event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from server.envelope import OrjsonResponse
 from server.errors import install_error_handlers
@@ -43,6 +47,21 @@ log = logging.getLogger("tierkit.server")
 DESCRIPTION = """A Qdrant-compatible REST vector search service over tierkit's disk-resident
 index. Authenticate with the `api-key` header (or `Authorization: Bearer`): the admin key, or a
 tenant key that sees only the points granted to its tenant."""
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document without its 422 answers: validation errors are 400 here."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -80,9 +99,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.keys = None
     app.state.next_operation_id = itertools.count(1).__next__
     app.state.metrics = Metrics(lambda: getattr(app.state, "catalog", None))
+    app.state.route_methods = []  # for the Allow header of a 405 (server.errors)
     for module in (ops, collections, points, keys):
         app.include_router(module.router)  # each built with OrjsonRoute
+        for route in module.router.routes:
+            if isinstance(route, APIRoute):
+                app.state.route_methods.append((route.path_regex, route.methods))
     install_error_handlers(app)
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     app.add_middleware(TimeoutMiddleware, timeout_s=settings.request_timeout_s)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics)

@@ -70,6 +70,16 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (``app.state.route_methods``: pairs of a
+    path regex and its methods, set by create_app)."""
+    methods: set[str] = set()
+    for path_regex, route_methods in getattr(request.app.state, "route_methods", ()):
+        if path_regex.match(request.url.path):
+            methods |= set(route_methods)
+    return ", ".join(sorted(methods))
+
+
 def _status_of(exc: Exception) -> int:
     if isinstance(exc, CollectionExistsError):
         return 409
@@ -89,6 +99,8 @@ async def _handle(request: Request, exc: Exception) -> Response:
         return error_response(400, _validation_message(exc), request)
     if isinstance(exc, HTTPException):
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # Starlette names only the first route's methods
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
         return error_response(exc.status_code, str(exc.detail), request, headers)
     if isinstance(exc, ApiError):
         return error_response(exc.status_code, str(exc), request)

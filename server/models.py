@@ -11,9 +11,18 @@ Thread-safety: immutable value classes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 __all__ = [
     "Batch",
@@ -34,7 +43,8 @@ __all__ = [
 ]
 
 PointId = StrictInt | StrictStr  # an int in [0, 2**63) or a UUID; the collection checks which
-Vector = list[float]
+# StrictFloat takes JSON integers too, but not booleans or strings (lax float would)
+Vector = Annotated[list[StrictFloat], Field(min_length=1)]
 FilterJson = dict[str, Any]
 # with_payload: true/false, a list of fields, or {"include": [...]} / {"exclude": [...]}
 WithPayload = StrictBool | list[StrictStr] | dict[str, list[StrictStr]]
@@ -120,7 +130,7 @@ class _QueryCommon(_Body):
     filter: FilterJson | None = None
     with_payload: WithPayload | None = False
     with_vector: WithVector | None = False
-    score_threshold: float | None = None
+    score_threshold: StrictFloat | None = None
     params: SearchParams | None = None
 
 
@@ -128,7 +138,7 @@ class QueryBody(_QueryCommon):
     """``query``: a vector, a point id (that point's vector), or ``{"nearest": either}`` (what
     qdrant-client sends)."""
 
-    query: Vector | PointId | dict[str, Any] | None = None
+    query: Vector | PointId | dict[str, Any]
     using: StrictStr | None = None
     prefetch: Any = None
 
@@ -151,4 +161,4 @@ class GrantBody(_Body):
 class CreateKeyBody(_Body):
     tenant: StrictStr = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
     max_points: StrictInt | None = Field(default=None, ge=0)
-    rps: float | None = Field(default=None, gt=0, le=1e6)
+    rps: StrictFloat | None = Field(default=None, gt=0, le=1e6)

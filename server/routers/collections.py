@@ -16,6 +16,7 @@ from server.deps import Admin, Caller, CatalogDep, CollectionDep, shielded
 from server.envelope import OrjsonRoute, ok
 from server.errors import ApiError
 from server.models import CreateCollectionBody, CreateIndexBody
+from server.responses import CollectionList, Existence, UpdateResult, documented
 from vectordb.collections import Collection, CollectionConfig
 
 __all__ = ["router"]
@@ -23,13 +24,15 @@ __all__ = ["router"]
 router = APIRouter(tags=["collections"], route_class=OrjsonRoute)
 
 
-@router.get("/collections", summary="List collections")
+@router.get("/collections", summary="List collections", responses=documented(CollectionList))
 async def list_collections(request: Request, _: Caller, catalog: CatalogDep) -> Response:
     names = sorted(catalog.names())
     return ok({"collections": [{"name": name} for name in names]}, request)
 
 
-@router.put("/collections/{collection_name}", summary="Create a collection")
+@router.put(
+    "/collections/{collection_name}", summary="Create a collection", responses=documented(bool)
+)
 async def create_collection(
     request: Request,
     collection_name: str,
@@ -43,14 +46,20 @@ async def create_collection(
     return ok(True, request)
 
 
-@router.get("/collections/{collection_name}/exists", summary="Does a collection exist")
+@router.get(
+    "/collections/{collection_name}/exists",
+    summary="Does a collection exist",
+    responses=documented(Existence),
+)
 async def collection_exists(
     request: Request, collection_name: str, _: Caller, catalog: CatalogDep
 ) -> Response:
     return ok({"exists": collection_name in catalog.names()}, request)
 
 
-@router.delete("/collections/{collection_name}", summary="Delete a collection")
+@router.delete(
+    "/collections/{collection_name}", summary="Delete a collection", responses=documented(bool)
+)
 async def delete_collection(
     request: Request, collection_name: str, _: Admin, catalog: CatalogDep
 ) -> Response:
@@ -86,7 +95,11 @@ def _info_json(collection: Collection, info: dict[str, Any], points: int) -> dic
     }
 
 
-@router.get("/collections/{collection_name}", summary="Describe a collection")
+@router.get(
+    "/collections/{collection_name}",
+    summary="Describe a collection",
+    responses=documented(dict[str, Any]),
+)
 async def get_collection(request: Request, caller: Caller, collection: CollectionDep) -> Response:
     info = collection.info()
     if caller.is_admin:
@@ -96,7 +109,11 @@ async def get_collection(request: Request, caller: Caller, collection: Collectio
     return ok(_info_json(collection, info, points), request)
 
 
-@router.put("/collections/{collection_name}/index", summary="Create a keyword payload index")
+@router.put(
+    "/collections/{collection_name}/index",
+    summary="Create a keyword payload index",
+    responses=documented(UpdateResult),
+)
 async def create_index(
     request: Request, body: CreateIndexBody, _: Admin, collection: CollectionDep
 ) -> Response:

@@ -15,6 +15,7 @@ from server.envelope import OrjsonRoute, ok
 from server.errors import ApiError
 from server.keys import KeyStore
 from server.models import CreateKeyBody
+from server.responses import KeyCreated, KeyList, documented
 
 __all__ = ["router"]
 
@@ -26,7 +27,7 @@ def _keys(request: Request) -> KeyStore:
     return keys
 
 
-@router.post("", summary="Create a tenant key (shown once)")
+@router.post("", summary="Create a tenant key (shown once)", responses=documented(KeyCreated))
 async def create_key(request: Request, body: CreateKeyBody, _: Admin) -> Response:
     store = _keys(request)
     try:  # the KDF takes ~50 ms: off the event loop
@@ -36,12 +37,12 @@ async def create_key(request: Request, body: CreateKeyBody, _: Admin) -> Respons
     return ok({"key": key, **record.public()}, request)
 
 
-@router.get("", summary="List keys (no secrets)")
+@router.get("", summary="List keys (no secrets)", responses=documented(KeyList))
 async def list_keys(request: Request, _: Admin) -> Response:
     return ok({"keys": _keys(request).list()}, request)
 
 
-@router.delete("/{key_id}", summary="Revoke a key")
+@router.delete("/{key_id}", summary="Revoke a key", responses=documented(bool))
 async def revoke_key(request: Request, key_id: str, _: Admin) -> Response:
     if not await asyncio.to_thread(_keys(request).revoke, key_id):
         raise ApiError(404, f"no key with id {key_id}")

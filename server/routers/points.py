@@ -27,6 +27,7 @@ from server.models import (
     SearchBody,
     UpsertBody,
 )
+from server.responses import Count, QueryResult, Record, ScoredPoint, UpdateResult, documented
 from server.shapes import (
     as_filter,
     as_matrix,
@@ -48,7 +49,9 @@ def _updated(request: Request, **extra: Any) -> Response:
     return ok({**result, **extra}, request)
 
 
-@router.put(_PREFIX, summary="Upsert points (list or batch form)")
+@router.put(
+    _PREFIX, summary="Upsert points (list or batch form)", responses=documented(UpdateResult)
+)
 async def upsert_points(
     request: Request,
     body: UpsertBody,
@@ -81,7 +84,7 @@ def _point_id(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
-@router.get(_PREFIX + "/{point_id}", summary="Retrieve one point")
+@router.get(_PREFIX + "/{point_id}", summary="Retrieve one point", responses=documented(Record))
 async def get_point(
     request: Request, point_id: str, caller: Caller, collection: CollectionDep
 ) -> Response:
@@ -93,7 +96,7 @@ async def get_point(
     return ok(point_json(found[0], payload_selection(True)), request)
 
 
-@router.post(_PREFIX, summary="Retrieve points by id")
+@router.post(_PREFIX, summary="Retrieve points by id", responses=documented(list[Record]))
 async def retrieve_points(
     request: Request, body: RetrieveBody, caller: Caller, collection: CollectionDep
 ) -> Response:
@@ -107,7 +110,9 @@ async def retrieve_points(
     return ok([point_json(p, selection) for p in found], request)
 
 
-@router.post(_PREFIX + "/delete", summary="Delete points by id or filter")
+@router.post(
+    _PREFIX + "/delete", summary="Delete points by id or filter", responses=documented(UpdateResult)
+)
 async def delete_points(
     request: Request,
     body: DeleteBody,
@@ -124,7 +129,7 @@ async def delete_points(
     return _updated(request)
 
 
-@router.post(_PREFIX + "/count", summary="Count points")
+@router.post(_PREFIX + "/count", summary="Count points", responses=documented(Count))
 async def count_points(
     request: Request, body: CountBody, caller: Caller, collection: CollectionDep
 ) -> Response:
@@ -175,7 +180,11 @@ async def _search(
     return [hit_json(hit, selection) for hit in hits[0]]
 
 
-@router.post(_PREFIX + "/query", summary="Query points nearest to a vector")
+@router.post(
+    _PREFIX + "/query",
+    summary="Query points nearest to a vector",
+    responses=documented(QueryResult),
+)
 async def query_points(
     request: Request, body: QueryBody, caller: Caller, collection: CollectionDep
 ) -> Response:
@@ -184,7 +193,9 @@ async def query_points(
     return ok({"points": points}, request)
 
 
-@router.post(_PREFIX + "/query/batch", summary="Run several queries")
+@router.post(
+    _PREFIX + "/query/batch", summary="Run several queries", responses=documented(list[QueryResult])
+)
 async def query_batch(
     request: Request, body: QueryBatchBody, caller: Caller, collection: CollectionDep
 ) -> Response:
@@ -194,14 +205,22 @@ async def query_batch(
     return ok([{"points": points} for points in results], request)
 
 
-@router.post(_PREFIX + "/search", summary="Search (legacy alias of query)")
+@router.post(
+    _PREFIX + "/search",
+    summary="Search (legacy alias of query)",
+    responses=documented(list[ScoredPoint]),
+)
 async def search_points(
     request: Request, body: SearchBody, caller: Caller, collection: CollectionDep
 ) -> Response:
     return ok(await _search(collection, body.vector, body, caller), request)
 
 
-@router.post(_PREFIX + "/grant", summary="Grant points to a tenant (admin)")
+@router.post(
+    _PREFIX + "/grant",
+    summary="Grant points to a tenant (admin)",
+    responses=documented(UpdateResult),
+)
 async def grant_points(
     request: Request, body: GrantBody, _: Admin, collection: CollectionDep
 ) -> Response:
@@ -209,7 +228,11 @@ async def grant_points(
     return _updated(request, changed=changed)
 
 
-@router.post(_PREFIX + "/revoke", summary="Revoke points from a tenant (admin)")
+@router.post(
+    _PREFIX + "/revoke",
+    summary="Revoke points from a tenant (admin)",
+    responses=documented(UpdateResult),
+)
 async def revoke_points(
     request: Request, body: GrantBody, _: Admin, collection: CollectionDep
 ) -> Response:

@@ -40,6 +40,12 @@ def test_root_and_docs_need_no_key(live: LiveServer) -> None:
     query = spec["paths"]["/collections/{collection_name}/points/query"]["post"]
     assert "requestBody" in query
     assert {"QueryBody", "UpsertBody", "CreateCollectionBody"} <= set(spec["components"]["schemas"])
+    # validation errors are 400 here, documented with every other refusal; no 422
+    assert set(query["responses"]) >= {"200", "400", "401", "403", "404", "413", "429"}
+    assert "422" not in query["responses"]
+    allow = httpx.request("PATCH", live.url + C, headers={"api-key": live.admin_key})
+    assert allow.status_code == 405
+    assert set(allow.headers["allow"].split(", ")) == {"GET", "PUT", "DELETE"}
 
 
 def test_create_and_describe(live: LiveServer) -> None:
