@@ -22,7 +22,11 @@ from benchmarks.common.paths import REPO_ROOT
 from benchmarks.server._dataset import Data
 from benchmarks.server._service import build_server_data, env
 
-_CODE = {"http": ("vectordb", "tiers", "server"), "inprocess": ("vectordb", "tiers")}
+_CODE = {
+    "http": ("vectordb", "tiers", "server"),
+    "inprocess": ("vectordb", "tiers"),
+    "index_bulk": ("vectordb", "tiers"),
+}
 _PACKAGES = {"milvus_lite": ("pymilvus", "milvus-lite"), "qdrant_local": ("qdrant-client",)}
 
 
@@ -41,15 +45,22 @@ def code_tag(system: str) -> str:
 
 
 def cached_build(
-    system: str, data: Data, manifest: Path, cache: Path, log_level: str | None
-) -> tuple[Path, float | None]:
-    """(folder, build seconds) of ``system``'s data for ``data``; built when missing."""
+    system: str, data: Data, manifest: Path, cache: Path, log_level: str | None, stale: bool
+) -> tuple[Path, float | None, str | None]:
+    """(folder, build seconds, note) of ``system``'s data for ``data``; built when missing.
+    ``stale``: reuse a build made by other code (said in the note) rather than rebuild."""
     prefix = f"{system}-{data.name}-{len(data.base)}x{data.dim}-"
     where = cache / (prefix + code_tag(system))
     stamp = where / "BUILT"
+    older = sorted(cache.glob(prefix + "*/BUILT"), key=lambda p: p.stat().st_mtime)
+    if not stamp.exists() and stale and older:
+        stamp, where = older[-1], older[-1].parent
+        note = f"{system}: build reused from other code ({where.name}; --reuse-stale-builds)"
+        print(note, file=sys.stderr, flush=True)
+        return where, json.loads(stamp.read_text())["build_s"], note
     if stamp.exists():
         print(f"{system}: reusing {where}", file=sys.stderr, flush=True)
-        return where, json.loads(stamp.read_text())["build_s"]
+        return where, json.loads(stamp.read_text())["build_s"], None
     if cache.exists():
         for stale in cache.glob(prefix + "*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -80,7 +91,7 @@ def cached_build(
         seconds = reply["build_s"]
     print(f"{system}: built in {seconds:.1f} s", file=sys.stderr, flush=True)
     stamp.write_text(json.dumps({"build_s": seconds}))
-    return where, seconds
+    return where, seconds, None
 
 
 def fresh_copy(source: Path, target: Path) -> Path:

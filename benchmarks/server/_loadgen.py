@@ -2,8 +2,10 @@
 
 ``run_cell`` keeps ``concurrency`` callers busy: each sends one single-vector query (or, in the
 90/10 mix, every tenth operation overall is an upsert of one new point) and sends the next as
-soon as the answer is back. Queries go round-robin over the query set. After ``warmup_s`` a
-window of ``duration_s`` opens: what completes inside it is counted (QPS, latency percentiles,
+soon as the answer is back. Queries go round-robin over the query set. The warm-up lasts
+``warmup_s`` and until every caller has had an answer (a slow system at concurrency 64 needs
+that long to reach its steady state; at most ``MAX_EXTRA_WARMUP_S`` more); then a window of
+``duration_s`` opens: what completes inside it is counted (QPS, latency percentiles,
 errors); CPU seconds of the watched processes (the server and this process, from
 /proc/<pid>/stat) are read at both edges, and RSS of the first watched process is sampled
 every ``rss_every_s`` when asked (the soak). When the window closes the callers finish the
@@ -28,6 +30,7 @@ from benchmarks.server._dataset import recall
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 UPSERT_EVERY = 10  # the mix: one upsert in ten operations
+MAX_EXTRA_WARMUP_S = 60.0
 
 
 class Ops(Protocol):
@@ -110,6 +113,7 @@ class _Tally:
     errors: int = 0
     first_error: str = ""
     found: dict[int, np.ndarray] = field(default_factory=dict)
+    answered: set[int] = field(default_factory=set)  # callers with an answer (or error) back
 
 
 async def _caller(ops: Ops, slot: int, cell: Cell, tally: _Tally, n_q: int, ids: Any) -> None:
@@ -131,9 +135,11 @@ async def _caller(ops: Ops, slot: int, cell: Cell, tally: _Tally, n_q: int, ids:
             if tally.window[0] <= ended <= tally.window[1]:
                 tally.errors += 1
                 tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"[:300]
+            tally.answered.add(slot)
             await asyncio.sleep(0.001)  # a refusing server must not become a busy loop
             continue
         ended = time.perf_counter()
+        tally.answered.add(slot)
         if not tally.window[0] <= ended <= tally.window[1]:
             continue
         if is_upsert:
@@ -164,19 +170,26 @@ async def run_cell(
     ]
     started = time.perf_counter()
     first = next(iter(watch.values()))
+
+    def sample_rss() -> None:  # every rss_every_s, through the warm-up too
+        now = time.perf_counter() - started
+        if rss_every_s and (not rss or now - rss[-1][0] >= rss_every_s):
+            rss.append((now, proc_rss_bytes(first)))
+
     try:
-        while time.perf_counter() < started + warmup_s:  # RSS through the warm-up too
-            if rss_every_s:
-                rss.append((time.perf_counter() - started, proc_rss_bytes(first)))
-            await _sleep_or_raise(callers, min(rss_every_s or warmup_s, warmup_s))
+        limit = started + warmup_s + MAX_EXTRA_WARMUP_S
+        while time.perf_counter() < started + warmup_s or (
+            len(tally.answered) < cell.concurrency and time.perf_counter() < limit
+        ):
+            sample_rss()
+            await _sleep_or_raise(callers, 0.05)
         cpu0 = {name: tree_cpu_s(pid) for name, pid in watch.items()}
         opened = time.perf_counter()
         tally.window = (opened, opened + duration_s)
         while time.perf_counter() < opened + duration_s:
-            if rss_every_s:
-                rss.append((time.perf_counter() - started, proc_rss_bytes(first)))
+            sample_rss()
             left = opened + duration_s - time.perf_counter()
-            await _sleep_or_raise(callers, max(0.0, min(rss_every_s or left, left)))
+            await _sleep_or_raise(callers, max(0.0, min(0.5, left)))
         closed = time.perf_counter()
         cpu1 = {name: tree_cpu_s(pid) for name, pid in watch.items()}
     finally:
@@ -186,6 +199,7 @@ async def run_cell(
     lat = np.asarray(tally.query_ms)
     out: dict[str, Any] = {
         "cell": cell.key,
+        "warmup_s": round(opened - started, 2),
         "window_s": round(elapsed, 3),
         "qps": len(lat) / elapsed,
         "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,

@@ -1,9 +1,12 @@
 """The systems under load, each behind ``_loadgen.Ops``, and how each builds its data.
 
 * ``http``: our service over loopback HTTP, one keep-alive connection per caller (_http.py).
-* ``inprocess``: our index called in-process, the ceiling: ``SpannIndex`` opened from its
-  build, each caller an asyncio task awaiting ``index.search`` of one query (the index gathers
-  concurrent calls into batches) or ``index.insert`` of one point.
+* ``inprocess``: our collection called in-process, the ceiling: ``vectordb.collections``
+  ``Catalog`` opened on a copy of the service's own data folder (the same points, built the
+  same way, by upserts), each caller an asyncio task awaiting ``Collection.query`` of one
+  vector (concurrent calls are gathered into index batches) or ``Collection.upsert`` of one.
+* ``index_bulk``: ``SpannIndex`` bulk-built with ``build`` (what the REST API cannot do) and
+  searched the same way: what a bulk build gives, for reference.
 * ``milvus_lite``: pymilvus ``MilvusClient`` on a milvus-lite file, its default index
   (AUTOINDEX), one ``search`` of one vector per call from ``concurrency`` threads.
 * ``qdrant_local``: qdrant-client local mode (``QdrantClient(path=...)``), ``query_points``
@@ -30,7 +33,7 @@ from benchmarks.server._dataset import K
 from benchmarks.server._http import HttpConn, HttpError, query_body
 from benchmarks.server._service import ADMIN_KEY, COLLECTION
 
-PEERS = ("inprocess", "milvus_lite", "qdrant_local")
+PEERS = ("inprocess", "index_bulk", "milvus_lite", "qdrant_local")
 _MILVUS_FILE = "milvus.db"
 
 
@@ -84,7 +87,25 @@ class HttpOps:
             conn.close()
 
 
-class InProcessOps:
+class CollectionOps:
+    def __init__(self, collection: Any, queries: np.ndarray, upserts: np.ndarray) -> None:
+        self.collection, self.queries, self.upserts = collection, queries, upserts
+
+    def prepare(self, concurrency: int) -> None:
+        pass
+
+    async def query(self, slot: int, row: int) -> np.ndarray:
+        hits = await self.collection.query(self.queries[row : row + 1], limit=K, with_payload=False)
+        return np.fromiter((h.id for h in hits[0]), np.int64, len(hits[0]))
+
+    async def upsert(self, slot: int, point_id: int, row: int) -> None:
+        await self.collection.upsert([point_id], self.upserts[row : row + 1])
+
+    def close(self) -> None:
+        pass
+
+
+class IndexOps:
     def __init__(self, index: Any, queries: np.ndarray, upserts: np.ndarray) -> None:
         self.index, self.queries, self.upserts = index, queries, upserts
 
@@ -123,17 +144,19 @@ class MilvusOps(_Threaded):
 
 
 class QdrantOps(_Threaded):
-    """Local mode's SQLite store takes one write at a time: upserts hold a lock (concurrent
-    ones fail with "cannot start a transaction within a transaction"); queries do not."""
+    """Local mode is not thread-safe: concurrent upserts fail ("cannot start a transaction
+    within a transaction") and a query beside an upsert can fail ("operands could not be
+    broadcast together"), so every call holds one lock, as a threaded user's code must."""
 
     def __init__(self, client: Any, queries: np.ndarray, upserts: np.ndarray) -> None:
         self.client, self.queries, self.upserts = client, queries, upserts
-        self.write_lock = threading.Lock()
+        self.lock = threading.Lock()
 
     def _search(self, row: int) -> np.ndarray:
-        points = self.client.query_points(
-            COLLECTION, query=self.queries[row], limit=K, with_payload=False
-        ).points
+        with self.lock:
+            points = self.client.query_points(
+                COLLECTION, query=self.queries[row], limit=K, with_payload=False
+            ).points
         return np.fromiter((p.id for p in points), np.int64, len(points))
 
     async def query(self, slot: int, row: int) -> np.ndarray:
@@ -144,7 +167,7 @@ class QdrantOps(_Threaded):
         from qdrant_client import models
 
         point = models.PointStruct(id=point_id, vector=self.upserts[row].tolist())
-        with self.write_lock:
+        with self.lock:
             self.client.upsert(COLLECTION, [point], wait=True)
 
     async def upsert(self, slot: int, point_id: int, row: int) -> None:
@@ -156,8 +179,10 @@ def build(system: str, directory: Path, base: np.ndarray) -> float:
     """Write ``system``'s data for ``base`` (ids 0..n-1) into ``directory``; seconds."""
     directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if system == "inprocess":
+    if system == "index_bulk":
         asyncio.run(_build_ours(directory / "index", np.ascontiguousarray(base, np.float32)))
+    elif system == "inprocess":
+        asyncio.run(_build_collection(directory / "data", base))
     elif system == "milvus_lite":
         from pymilvus import MilvusClient
 
@@ -195,16 +220,39 @@ async def _build_ours(directory: Path, base: np.ndarray) -> None:
         await index.aclose()
 
 
+async def _build_collection(directory: Path, base: np.ndarray) -> None:
+    """The service's own write path, without HTTP: create, upsert in chunks of 1,000."""
+    from vectordb.collections import Catalog, CollectionConfig
+
+    catalog = await Catalog.open(directory)
+    try:
+        collection = await catalog.create(
+            COLLECTION, CollectionConfig(dim=base.shape[1], distance="Cosine")
+        )
+        for start in range(0, len(base), 1000):
+            rows = np.ascontiguousarray(base[start : start + 1000], np.float32)
+            await collection.upsert(list(range(start, start + len(rows))), rows)
+    finally:
+        await catalog.aclose()
+
+
 async def open_system(
     system: str, directory: Path, queries: np.ndarray, upserts: np.ndarray
 ) -> tuple[Any, dict[str, Any], Any]:
     """(ops, facts, closer) of a built system, opened from its files in this process."""
     if system == "inprocess":
+        from vectordb.collections import Catalog
+
+        catalog = await Catalog.open(directory / "data")
+        facts = {"api": "vectordb.collections Collection.query, one vector per call, N tasks"}
+        ops = CollectionOps(catalog.get(COLLECTION), queries, upserts)
+        return ops, facts, catalog.aclose
+    if system == "index_bulk":
         from vectordb import SpannIndex
 
         index = await SpannIndex.open(directory / "index")
         facts = {"api": "vectordb.SpannIndex.search, one query per call, N asyncio tasks"}
-        return InProcessOps(index, queries, upserts), facts, index.aclose
+        return IndexOps(index, queries, upserts), facts, index.aclose
     if system == "milvus_lite":
         from pymilvus import MilvusClient
 

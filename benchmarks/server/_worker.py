@@ -45,6 +45,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 async def measure(args: argparse.Namespace, work: Work) -> dict[str, Any]:
     cells = Cell.parse(args.cells)
+    load1 = [round(os.getloadavg()[0], 2)]
     started = time.perf_counter()
     if args.system == "http":
         ops: Any = HttpOps(args.port, work.queries, work.upserts)
@@ -75,7 +76,14 @@ async def measure(args: argparse.Namespace, work: Work) -> dict[str, Any]:
         ops.close()
         if closer is not None:
             await closer()
-    return {"system": args.system, "open_s": open_s, "facts": facts, "results": results}
+    load1.append(round(os.getloadavg()[0], 2))
+    return {
+        "system": args.system,
+        "open_s": open_s,
+        "facts": facts,
+        "results": results,
+        "load1": load1,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,10 @@ Systems, each in a process of its own, one after another (_peers.py):
 
 * ``http``: ``python -m tierkit serve`` on a loopback port (its own process), loaded by a
   closed-loop async HTTP/1.1 client in another process (_worker.py, _loadgen.py, _http.py);
-* ``inprocess``: our index (``vectordb.SpannIndex``) called in-process: the ceiling;
+* ``inprocess``: our collection (``vectordb.collections``) called in-process, on a copy of the
+  service's own data folder: the ceiling, without HTTP;
+* ``index_bulk``: ``vectordb.SpannIndex`` bulk-built and called in-process (a reference: the
+  REST API has no bulk build; its points arrive as upserts);
 * ``milvus_lite``: pymilvus ``MilvusClient`` on a milvus-lite file (its default index);
 * ``qdrant_local``: qdrant-client local mode (``QdrantClient(path=...)``).
 
@@ -55,7 +58,7 @@ from benchmarks.server._dataset import write_manifest
 from benchmarks.server._loadgen import rss_growth_pct
 from benchmarks.server._service import Server, env, serve_available
 
-SYSTEMS = ("http", "inprocess", "milvus_lite", "qdrant_local")
+SYSTEMS = ("http", "inprocess", "index_bulk", "milvus_lite", "qdrant_local")
 _ALL = "query:1,query:8,query:64,mix:1,mix:8,mix:64"
 
 
@@ -73,6 +76,7 @@ QUICK = Plan(
     {
         "http": _ALL,
         "inprocess": _ALL,
+        "index_bulk": "query:1,query:8,query:64",
         "milvus_lite": "query:1,query:8,query:64,mix:8",
         "qdrant_local": "query:1,query:8,query:64,mix:8",
     },
@@ -86,6 +90,7 @@ SMOKE = Plan(
     {
         "http": "query:8,query:64,mix:8",
         "inprocess": "query:64",
+        "index_bulk": "",  # not in the smoke run
         "milvus_lite": "query:8",
         "qdrant_local": "query:8",
     },
@@ -179,6 +184,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="override the mode's rounds")
     parser.add_argument("--server-log-level", help="TIERKIT_LOG_LEVEL for the server")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--reuse-stale-builds",
+        action="store_true",
+        help="reuse the last build even when the code it depends on changed (said in notes)",
+    )
     return parser.parse_args(argv)
 
 
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     rounds = args.rounds or plan.rounds
     skip = set(filter(None, args.skip.split(",")))
-    systems = [s for s in SYSTEMS if s not in skip]
+    systems = [s for s in SYSTEMS if s not in skip and plan.cells[s]]
     started = time.time()
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
@@ -198,16 +208,26 @@ def main(argv: list[str] | None = None) -> None:
     root = args.out / "server"
     manifest = write_manifest(data, root / "work" / data.name, upserts=20_000)
     scratch = remove_at_exit(root / "scratch")
+    notes: list[str] = []
     results: dict[str, Any] = {}
     sources: dict[str, Path] = {}
     build_s: dict[str, Any] = {}
     for system in systems:
         why = serve_available() if system == "http" else None
+        if system == "inprocess" and "http" in sources:
+            sources[system], build_s[system] = sources["http"], "shared with http"
+            continue  # the same folder the service opens, copied
         if why is None:
             try:
-                sources[system], build_s[system] = cached_build(
-                    system, data, manifest, root / "builds", args.server_log_level
+                sources[system], build_s[system], note = cached_build(
+                    system,
+                    data,
+                    manifest,
+                    root / "builds",
+                    args.server_log_level,
+                    args.reuse_stale_builds,
                 )
+                notes += [note] if note else []
                 continue
             except Exception as exc:  # a peer that cannot run here: said so, not a crash
                 why = f"build failed: {type(exc).__name__}: {exc}"[:400]
@@ -239,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             "open_s": [round(r["open_s"], 2) for r in replies],
             "build_s": build_s[system],
             "facts": replies[0]["facts"],
+            "load1": [r["load1"] for r in replies],
             **({"server": [r["server"] for r in replies]} if system == "http" else {}),
         }
     soak = None
@@ -265,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             soak["rss_mib"] = [(t, round(b / 2**20, 1)) for t, b in cell["rss"]]
             soak["rss_growth_pct"] = rss_growth_pct(cell["rss"], plan.soak_warmup_s)
     keys = report.headline(results, soak)
-    notes = [
+    notes += [
         "each system opens a fresh copy of its build, dropped from the page cache first "
         "(posix_fadvise DONTNEED); the warm-up then runs before the window",
         f"client and server share {os.cpu_count()} vCPUs: cpu_cores says what each used",

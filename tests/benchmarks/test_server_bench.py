@@ -25,7 +25,7 @@ KEYS = frozenset(
     | {"recall_at_10", "errors", "rss_growth_pct", "systems", "machine", "mode", "dataset"}
     | {"targets", "notes"}
 )
-SYSTEMS = {"http", "inprocess", "milvus_lite", "qdrant_local"}
+SYSTEMS = {"http", "inprocess", "milvus_lite", "qdrant_local"}  # index_bulk: not in smoke
 
 
 def test_server_bench_smoke(tmp_path: Path) -> None:

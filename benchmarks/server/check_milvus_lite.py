@@ -1,0 +1,71 @@
+"""Cross-check of the load benchmark's milvus-lite figures, with none of its code.
+
+Plain pymilvus as its docs show it: ``MilvusClient("file.db")``, ``create_collection`` with its
+defaults (AUTOINDEX), insert, close; then a new client on the same file searches one vector per
+call, first sequentially, then from 8 threads, for a fixed time each. Prints QPS, p50 / p99 and
+recall@10 against the exact top-10, and one JSON line.
+
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.server.check_milvus_lite
+
+Data: ../shared/data/debian-minilm; without it, 20k x 128 random unit vectors (exact top-10 by
+brute force here). Files go to a temporary folder, removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.server._checks import data, run
+
+
+def main() -> None:
+    from pymilvus import MilvusClient
+
+    base, queries, gt, name = data()
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "check.db")
+        client = MilvusClient(path)
+        client.create_collection("c", dimension=base.shape[1], metric_type="COSINE")
+        began = time.perf_counter()
+        for start in range(0, len(base), 5000):
+            rows = [
+                {"id": start + i, "vector": v.tolist()}
+                for i, v in enumerate(base[start : start + 5000])
+            ]
+            client.insert("c", rows)
+        client.flush("c")
+        build_s = time.perf_counter() - began
+        client.close()
+        client = MilvusClient(path)
+        client.load_collection("c")
+        vectors = [q.tolist() for q in queries]
+
+        def search(vector: list[float]) -> list[int]:
+            found = client.search("c", data=[vector], limit=10, output_fields=["id"])
+            return [hit["id"] for hit in found[0]]
+
+        for vector in vectors[:20]:
+            search(vector)  # warm-up
+        out = {
+            "system": "milvus_lite",
+            "dataset": name,
+            "build_s": build_s,
+            "runs": [run(search, vectors, gt, t) for t in (1, 8)],
+        }
+        client.close()
+    for row in out["runs"]:
+        print(
+            f"milvus-lite {name} threads={row['threads']}: {row['qps']:.0f} QPS, "
+            f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, "
+            f"recall@10 {row['recall_at_10']:.3f}",
+            file=sys.stderr,
+        )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
