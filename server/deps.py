@@ -63,12 +63,14 @@ async def _admin(caller: Annotated[Principal, Depends(_caller)]) -> Principal:
     return caller
 
 
-def _catalog(request: Request) -> Catalog:
+async def _catalog(request: Request) -> Catalog:  # async: no thread hop per request
     catalog: Catalog = _state(request, "catalog")
     return catalog
 
 
-def _collection(collection_name: str, catalog: Annotated[Catalog, Depends(_catalog)]) -> Collection:
+async def _collection(
+    collection_name: str, catalog: Annotated[Catalog, Depends(_catalog)]
+) -> Collection:
     return catalog.get(collection_name)  # CollectionNotFoundError: 404
 
 

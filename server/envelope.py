@@ -18,6 +18,7 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -30,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 __all__ = ["OrjsonResponse", "OrjsonRoute", "elapsed_s", "error_response", "ok"]
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+_PARSE_IN_THREAD_BYTES = 1 << 20
 
 
 class OrjsonResponse(JSONResponse):
@@ -61,7 +63,11 @@ def error_response(
 class _OrjsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = orjson.loads(await self.body())
+            body = await self.body()
+            if len(body) < _PARSE_IN_THREAD_BYTES:
+                self._json = orjson.loads(body)
+            else:  # ~50 ms per 10 MB: the loop keeps serving queries meanwhile
+                self._json = await asyncio.to_thread(orjson.loads, body)
         return self._json
 
 
