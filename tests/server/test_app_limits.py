@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -120,3 +123,18 @@ def test_sigterm_drains_an_in_flight_upsert(tmp_path: Path) -> None:
         assert result(server.admin("POST", "/collections/g/points/count", {})) == {"count": n}
     finally:
         server.stop()
+
+
+def test_cli_refuses_bad_settings_before_starting(tmp_path: Path) -> None:
+    env = {**os.environ, "TIERKIT_PORT": "not-a-port"}
+    for command, environ in [
+        (["-m", "tierkit", "serve", "--data", str(tmp_path), "--port", "70000"], None),
+        (["-m", "server", "--data", str(tmp_path)], env),
+        (["-m", "server", "--data", str(tmp_path), "--config", str(tmp_path / "no.toml")], None),
+    ]:
+        done = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, timeout=60, env=environ
+        )
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "error:" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "keys.json").exists()  # nothing started
