@@ -181,14 +181,16 @@ class LiveServer:
         self.proc = None
         return proc.returncode
 
-    def kill9(self) -> None:
-        """SIGKILL: the process gets no chance to flush or close anything."""
+    def kill9(self) -> int:
+        """SIGKILL: the process gets no chance to flush or close anything. Returns its exit
+        status (``-9`` unless it had exited already)."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("the server is not running")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         self.proc = None
+        return proc.returncode
 
     def restart(self, timeout: float = READY_TIMEOUT_S) -> LiveServer:
         """Stop gracefully if still running, then start again on the same data folder."""
