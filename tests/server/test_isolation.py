@@ -20,6 +20,7 @@ was only granted revokes its own grant; the admin's grants add a reader and revo
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,12 +40,28 @@ from hypothesis.stateful import (
 from tests.server.live_server import LiveServer
 
 DIM = 4
-ID_POOL = list(range(1, 25))
+PointId = int | str
+# integers and UUIDs (canonical form: what the server returns)
+ID_POOL: list[PointId] = [
+    *range(1, 22),
+    *(str(uuid.UUID(int=n * 0x1000_0000_0000_0001)) for n in (1, 2, 3)),
+]
+
+
+def ordered(ids: Any) -> list[PointId]:
+    return sorted(ids, key=str)
+
+
+def spelled(point_id: PointId) -> PointId:
+    """A UUID in upper case: the same point to the server (it takes any form uuid parses)."""
+    return point_id.upper() if isinstance(point_id, str) else point_id
+
+
 TAGS = ["a", "b", "c"]
 N_TENANTS = 3
 BIG = 100  # every limit: more than any collection here holds
 DENIED = (401, 403)
-MAX_EXAMPLES, STEPS = 15, 40
+MAX_EXAMPLES, STEPS = 20, 50
 
 
 @dataclass
@@ -57,15 +74,15 @@ class PointModel:
 
 @dataclass
 class Model:
-    points: dict[int, PointModel] = field(default_factory=dict)
+    points: dict[PointId, PointModel] = field(default_factory=dict)
 
-    def visible(self, tenant: str | None) -> set[int]:
+    def visible(self, tenant: str | None) -> set[PointId]:
         if tenant is None:
             return set(self.points)
         return {i for i, p in self.points.items() if tenant in p.readers}
 
 
-def matches(flt: dict[str, Any] | None, point_id: int, payload: dict[str, Any]) -> bool:
+def matches(flt: dict[str, Any] | None, point_id: PointId, payload: dict[str, Any]) -> bool:
     from vectordb.collections import parse_filter
 
     parsed = parse_filter(flt)
@@ -198,24 +215,26 @@ class Isolation(RuleBasedStateMachine):
     # -- writes --------------------------------------------------------------------------------
 
     @rule(who=st.integers(0, N_TENANTS), ids=some_ids, data=st.data())
-    def upsert(self, who: int, ids: list[int], data: st.DataObject) -> None:
+    def upsert(self, who: int, ids: list[PointId], data: st.DataObject) -> None:
         self._upsert(who, ids, data)
 
     @rule(who=st.integers(0, N_TENANTS - 1), ids=some_ids, data=st.data())
-    def tenant_upsert(self, who: int, ids: list[int], data: st.DataObject) -> None:
+    def tenant_upsert(self, who: int, ids: list[PointId], data: st.DataObject) -> None:
         self._upsert(who, ids, data)
 
-    def _upsert(self, who: int, ids: list[int], data: st.DataObject) -> None:
+    def _upsert(self, who: int, ids: list[PointId], data: st.DataObject) -> None:
         tenant = self.tenants[who] if who < N_TENANTS else None
         key = self.key(tenant) if tenant is not None else self.admin
+        # writes spell UUIDs in upper case, reads in the canonical form: one point to the server
         points = [
-            {"id": i, "vector": data.draw(vectors), "payload": self.payload(data)} for i in ids
+            {"id": spelled(i), "vector": data.draw(vectors), "payload": self.payload(data)}
+            for i in ids
         ]
         use_batch = data.draw(st.booleans())
         body = (
             {
                 "batch": {
-                    "ids": ids,
+                    "ids": [spelled(i) for i in ids],
                     "vectors": [p["vector"] for p in points],
                     "payloads": [p["payload"] for p in points],
                 }
@@ -235,11 +254,11 @@ class Isolation(RuleBasedStateMachine):
             return
         ok(response)
         self.stats["upsert"] += 1
-        for p in points:
-            old = self.model.points.get(p["id"])
+        for i, p in zip(ids, points, strict=True):
+            old = self.model.points.get(i)
             if old is None:
                 readers = {tenant} if tenant is not None else set()
-                self.model.points[p["id"]] = PointModel(tenant, readers, p["payload"], p["vector"])
+                self.model.points[i] = PointModel(tenant, readers, p["payload"], p["vector"])
             else:  # an overwrite keeps the owner and the readers
                 old.payload, old.vector = p["payload"], p["vector"]
 
@@ -247,12 +266,13 @@ class Isolation(RuleBasedStateMachine):
     def access(self, who: int, grant: bool, data: st.DataObject) -> None:
         tenant = self.tenants[who]
         # mostly points that exist, and one that may not
-        existing = sorted(self.model.points)
+        existing = ordered(self.model.points)
         ids = data.draw(some_ids)
         if existing:
-            ids = sorted(set(ids[:1]) | set(data.draw(st.lists(st.sampled_from(existing)))))
+            ids = ordered(set(ids[:1]) | set(data.draw(st.lists(st.sampled_from(existing)))))
         path = f"{self.base}/points/{'grant' if grant else 'revoke'}"
-        ok(self.call("POST", path, self.admin, {"tenant": tenant, "points": ids}))
+        body = {"tenant": tenant, "points": [spelled(i) for i in ids]}
+        ok(self.call("POST", path, self.admin, body))
         self.stats["grant" if grant else "revoke"] += 1
         for i in ids:
             p = self.model.points.get(i)
@@ -279,7 +299,15 @@ class Isolation(RuleBasedStateMachine):
             assert response.status_code == 403, response.text
         self.check_unchanged()
 
-    def _apply_delete(self, tenant: str, ids: set[int]) -> None:
+    @rule(field=st.sampled_from(["tag", "owner"]))
+    def payload_index(self, field: str) -> None:
+        """A keyword index: a must-match on it then searches that value's label; for a tenant
+        the label of one value holds other tenants' points too."""
+        body = {"field_name": field, "field_schema": "keyword"}
+        ok(self.call("PUT", f"{self.base}/index", self.admin, body, wait="true"))
+        self.stats["payload index"] += 1
+
+    def _apply_delete(self, tenant: str, ids: set[PointId]) -> None:
         for i in ids:
             p = self.model.points.get(i)
             if p is None:
@@ -295,13 +323,17 @@ class Isolation(RuleBasedStateMachine):
     def delete_ids(self, who: int, data: st.DataObject) -> None:
         tenant = self.tenants[who]
         # mostly points it can read (its own and its grants), and some it cannot
-        readable = sorted(self.model.visible(tenant))
+        readable = ordered(self.model.visible(tenant))
         ids = data.draw(some_ids)
         if readable:
-            ids = sorted(set(ids[:2]) | set(data.draw(st.lists(st.sampled_from(readable)))))
+            ids = ordered(set(ids[:2]) | set(data.draw(st.lists(st.sampled_from(readable)))))
         ok(
             self.call(
-                "POST", f"{self.base}/points/delete", self.key(tenant), {"points": ids}, wait="true"
+                "POST",
+                f"{self.base}/points/delete",
+                self.key(tenant),
+                {"points": [spelled(i) for i in ids]},
+                wait="true",
             )
         )
         self._apply_delete(tenant, set(ids))
@@ -385,6 +417,11 @@ class Isolation(RuleBasedStateMachine):
                     },
                     # widening attempts: none may reach past the caller's view
                     {"should": [{"key": "owner", "match": {"value": t}} for t in others]},
+                    {
+                        "must": [
+                            {"key": "owner", "match": {"value": data.draw(st.sampled_from(others))}}
+                        ]
+                    },
                     {"should": [{"key": "owner", "match": {"any": [*self.tenants, "admin"]}}]},
                     {"must": [{"has_id": theirs or ID_POOL}]},
                     {"should": [{"has_id": ID_POOL}, {"is_empty": {"key": "nothing"}}]},
@@ -403,7 +440,7 @@ class Isolation(RuleBasedStateMachine):
         tenant = self.tenants[who]
         return tenant, self.key(tenant)
 
-    def expect(self, tenant: str | None, flt: dict[str, Any] | None) -> set[int]:
+    def expect(self, tenant: str | None, flt: dict[str, Any] | None) -> set[PointId]:
         return {
             i for i in self.model.visible(tenant) if matches(flt, i, self.model.points[i].payload)
         }
@@ -412,18 +449,27 @@ class Isolation(RuleBasedStateMachine):
     def query(self, who: int, data: st.DataObject) -> None:
         tenant, key = self.reader(who)
         flt = self.filters(tenant, data)
-        body: dict[str, Any] = {"query": data.draw(vectors), "limit": BIG, "with_payload": True}
+        # With a payload the server reads each hit's record; without one it may trust the
+        # index alone: both routes must keep to the caller's view.
+        with_payload = data.draw(st.booleans())
+        legacy = data.draw(st.booleans())  # /points/search, the alias older clients use
+        body: dict[str, Any] = {"limit": BIG, "with_payload": with_payload}
+        body["vector" if legacy else "query"] = data.draw(vectors)
         if flt is not None:
             body["filter"] = flt
-        hits = ok(self.call("POST", f"{self.base}/points/query", key, body))["points"]
+        response = self.call(
+            "POST", f"{self.base}/points/{'search' if legacy else 'query'}", key, body
+        )
+        hits = ok(response) if legacy else ok(response)["points"]
         got = [h["id"] for h in hits]
         want = self.expect(tenant, flt)
         leaked = set(got) - self.model.visible(tenant)
-        assert not leaked, f"{tenant} got points it cannot read: {sorted(leaked)} (filter {flt})"
+        assert not leaked, f"{tenant} got points it cannot read: {ordered(leaked)} (filter {flt})"
         assert len(got) == len(set(got)), f"a point twice: {got}"
-        assert set(got) == want, f"{tenant}, filter {flt}: got {sorted(got)}, want {sorted(want)}"
+        assert set(got) == want, f"{tenant}, filter {flt}: got {ordered(got)}, want {ordered(want)}"
         for h in hits:
-            assert h["payload"] == self.model.points[h["id"]].payload
+            expected = self.model.points[h["id"]].payload if with_payload else None
+            assert h.get("payload") == expected
         self.stats["query"] += 1
         if (
             tenant is not None
@@ -431,6 +477,20 @@ class Isolation(RuleBasedStateMachine):
             and self.model.visible(tenant) != set(self.model.points)
         ):
             self.stats["tenant query, filtered, others' points exist"] += 1
+
+    @rule(who=st.integers(0, N_TENANTS - 1), point_id=st.sampled_from(ID_POOL))
+    def query_by_point_id(self, who: int, point_id: PointId) -> None:
+        """A point id as the query (its vector): only a point the caller can read; another's
+        and none at all answer the same 404."""
+        tenant, key = self.reader(who)
+        body = {"query": spelled(point_id), "limit": BIG}
+        response = self.call("POST", f"{self.base}/points/query", key, body)
+        if point_id in self.model.visible(tenant):
+            got = {h["id"] for h in ok(response)["points"]}
+            assert got == self.model.visible(tenant)
+        else:
+            assert response.status_code == 404, f"{tenant} query by {point_id}: {response.text}"
+            assert '"points"' not in response.text
 
     @rule(who=st.integers(0, N_TENANTS), data=st.data())
     def query_batch(self, who: int, data: st.DataObject) -> None:
@@ -455,7 +515,7 @@ class Isolation(RuleBasedStateMachine):
         who=st.integers(0, N_TENANTS),
         ids=st.lists(st.sampled_from(ID_POOL), max_size=8, unique=True),
     )
-    def retrieve(self, who: int, ids: list[int]) -> None:
+    def retrieve(self, who: int, ids: list[PointId]) -> None:
         tenant, key = self.reader(who)
         found = ok(
             self.call(
@@ -467,15 +527,15 @@ class Isolation(RuleBasedStateMachine):
         )
         got = {p["id"]: p for p in found}
         want = set(ids) & self.model.visible(tenant)
-        assert set(got) == want, f"{tenant}: retrieve {ids} -> {sorted(got)}, want {sorted(want)}"
+        assert set(got) == want, f"{tenant}: retrieve {ids} -> {ordered(got)}, want {ordered(want)}"
         for i, p in got.items():
             assert p["payload"] == self.model.points[i].payload
             assert p["vector"] == pytest.approx(self.model.points[i].vector, abs=1e-6)
 
     @rule(who=st.integers(0, N_TENANTS - 1), point_id=st.sampled_from(ID_POOL))
-    def get_point(self, who: int, point_id: int) -> None:
+    def get_point(self, who: int, point_id: PointId) -> None:
         tenant, key = self.reader(who)
-        response = self.call("GET", f"{self.base}/points/{point_id}", key)
+        response = self.call("GET", f"{self.base}/points/{spelled(point_id)}", key)
         if point_id in self.model.visible(tenant):
             assert ok(response)["payload"] == self.model.points[point_id].payload
         else:
@@ -487,11 +547,16 @@ class Isolation(RuleBasedStateMachine):
     def count(self, who: int, data: st.DataObject) -> None:
         tenant, key = self.reader(who)
         flt = self.filters(tenant, data)
-        body: dict[str, Any] = {"exact": True}
+        exact = data.draw(st.booleans())
+        body: dict[str, Any] = {"exact": exact}
         if flt is not None:
             body["filter"] = flt
         n = ok(self.call("POST", f"{self.base}/points/count", key, body))["count"]
-        assert n == len(self.expect(tenant, flt)), f"{tenant} count, filter {flt}"
+        want = len(self.expect(tenant, flt))
+        # an estimate may be off, but never by counting what the caller cannot read
+        assert n == want if exact else n <= len(self.model.visible(tenant)), (
+            f"{tenant} count (exact={exact}), filter {flt}: {n}, want {want}"
+        )
 
     @rule(who=st.integers(0, N_TENANTS))
     def collection_info(self, who: int) -> None:
