@@ -8,7 +8,8 @@ Start: the key store (a first start with no admin key creates one and prints it 
 ``admin key: tk_...``, unless ``$TIERKIT_ADMIN_KEY`` gives it), then the catalog (inside the
 running loop: its I/O engine binds to it), then, with ``settings.sample``, the sample collection.
 Stop: uvicorn first drains in-flight requests (``graceful_timeout_s``); then the catalog is taken
-out of service (requests answer 503) and closed, which checkpoints every collection.
+out of service (requests answer 503), writes still running are awaited (a timed-out request's
+shielded write), and it is closed, which checkpoints every collection.
 
 Middleware, outermost first: observability (request id, access log, metrics), body limit,
 timeout. Thread-safety: one app per event loop.
@@ -29,6 +30,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from server.deps import drain_writes
 from server.envelope import OrjsonResponse
 from server.errors import install_error_handlers
 from server.keys import KeyStore
@@ -84,7 +86,11 @@ def create_app(settings: Settings) -> FastAPI:
             log.info("ready: %d collection(s) in %s", len(catalog.names()), settings.data_dir)
             yield
         finally:
-            app.state.catalog = None
+            app.state.catalog = None  # new requests: 503
+            # uvicorn has drained the requests; a write whose request timed out may still run
+            drained = await drain_writes(timeout_s=60.0)
+            if drained:
+                log.info("waited for %d write(s) to finish", drained)
             await catalog.aclose()
 
     app = FastAPI(

@@ -25,9 +25,10 @@ from server.keys import ForbiddenError, KeyStore, Principal
 from server.ratelimit import RateLimiter
 from vectordb.collections import Catalog, Collection
 
-__all__ = ["Admin", "Caller", "CatalogDep", "CollectionDep", "shielded"]
+__all__ = ["Admin", "Caller", "CatalogDep", "CollectionDep", "drain_writes", "shielded"]
 
 T = TypeVar("T")
+_writes: set[asyncio.Future[Any]] = set()  # shielded writes still running (event loop only)
 
 _api_key = APIKeyHeader(name="api-key", auto_error=False, description="tk_... key")
 _bearer = HTTPBearer(auto_error=False, description="the same key as a bearer token")
@@ -82,5 +83,18 @@ CollectionDep = Annotated[Collection, Depends(_collection)]
 
 async def shielded(work: Awaitable[T]) -> T:
     """Await a write so that a request timeout or a dropped client does not cancel it half
-    way: the write finishes (and is durable) even when its answer is lost."""
-    return await asyncio.shield(work)
+    way: the write finishes (and is durable) even when its answer is lost. Shutdown waits for
+    such writes (``drain_writes``) before it closes the catalog."""
+    task = asyncio.ensure_future(work)
+    _writes.add(task)
+    task.add_done_callback(_writes.discard)
+    return await asyncio.shield(task)
+
+
+async def drain_writes(timeout_s: float) -> int:
+    """Wait up to ``timeout_s`` for the shielded writes of this loop; how many were running."""
+    loop = asyncio.get_running_loop()
+    running = [t for t in _writes if t.get_loop() is loop and not t.done()]
+    if running:
+        await asyncio.wait(running, timeout=timeout_s)
+    return len(running)
