@@ -12,6 +12,7 @@ server's scores are also checked against numpy's exact ones for the ids it retur
 from __future__ import annotations
 
 import asyncio
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,6 +294,85 @@ def test_query_with_search_params_and_vectors(client: QdrantClient, loaded: str)
         v = VECTORS[ROW[p.id]]
         # Cosine: the stored vector is the normalised one, as in Qdrant
         np.testing.assert_allclose(p.vector, v / np.linalg.norm(v), atol=1e-6)
+
+
+def test_query_batch_and_by_point_id(client: QdrantClient, loaded: str) -> None:
+    """query_batch_points answers as the single queries do; a point id as the query uses that
+    point's vector."""
+    requests = [
+        qm.QueryRequest(
+            query=q.tolist(),
+            limit=LIMIT,
+            filter=to_qm_filter(flt) if flt else None,
+            params=qm.SearchParams(exact=True),
+        )
+        for q, flt in zip(
+            QUERIES[:4], [None, COLOR_FILTER, RANGE_FILTER, MIXED_FILTER], strict=True
+        )
+    ]
+    batch = client.query_batch_points("docs", requests=requests)
+    assert len(batch) == len(requests)
+    for response, flt, want in zip(
+        batch, [None, COLOR_FILTER, RANGE_FILTER, MIXED_FILTER], range(4), strict=True
+    ):
+        assert [p.id for p in response.points] == truth(flt)[want]
+    by_id = client.query_points(
+        "docs", query=IDS[42], limit=3, search_params=qm.SearchParams(exact=True)
+    )
+    assert by_id.points[0].id == IDS[42]
+    assert by_id.points[0].score == pytest.approx(1.0, abs=SCORE_TOL)
+
+
+@pytest.mark.parametrize("distance", [qm.Distance.DOT, qm.Distance.EUCLID])
+def test_other_distances_score_as_qdrant(client: QdrantClient, distance: qm.Distance) -> None:
+    """Dot: the inner product, largest first; Euclid: the distance, smallest first."""
+    name = f"dist-{distance.value.lower()}"
+    client.create_collection(name, vectors_config=qm.VectorParams(size=DIM, distance=distance))
+    n = 200
+    client.upsert(name, points=qm.Batch(ids=IDS[:n], vectors=VECTORS[:n].tolist()), wait=True)
+    v = VECTORS[:n].astype(np.float64)
+    for q in QUERIES[:4]:
+        got = client.query_points(
+            name, query=q.tolist(), limit=LIMIT, search_params=qm.SearchParams(exact=True)
+        ).points
+        if distance == qm.Distance.DOT:
+            scores = v @ q.astype(np.float64)
+            order = np.argsort(-scores)[:LIMIT]
+        else:
+            scores = np.linalg.norm(v - q.astype(np.float64), axis=1)
+            order = np.argsort(scores)[:LIMIT]
+        assert [p.id for p in got] == [IDS[j] for j in order]
+        np.testing.assert_allclose([p.score for p in got], scores[order], atol=1e-3, rtol=1e-5)
+        # the vector comes back as it went in (only Cosine normalises)
+        record = client.retrieve(name, ids=[IDS[0]], with_vectors=True)[0]
+        np.testing.assert_array_equal(np.asarray(record.vector, np.float32), VECTORS[0])
+    assert client.delete_collection(name)
+
+
+def test_uuid_ids(client: QdrantClient) -> None:
+    """UUID point ids, as uuid.UUID or str in any case, name one point."""
+    client.create_collection("uuids", vectors_config=qm.VectorParams(size=DIM, distance="Cosine"))
+    ids = [uuid.UUID(int=i * 7919 + 1) for i in range(8)]
+    client.upsert(
+        "uuids",
+        points=[
+            qm.PointStruct(
+                id=str(u).upper() if i % 2 else str(u), vector=VECTORS[i].tolist(), payload={"i": i}
+            )
+            for i, u in enumerate(ids)
+        ],
+        wait=True,
+    )
+    got = client.retrieve("uuids", ids=[ids[1], str(ids[2]).upper()])
+    assert sorted((r.id, r.payload["i"]) for r in got) == sorted(
+        [(str(ids[1]), 1), (str(ids[2]), 2)]
+    )
+    hit = client.query_points("uuids", query=VECTORS[3].tolist(), limit=1).points[0]
+    assert hit.id == str(ids[3])
+    assert client.count("uuids").count == 8
+    client.delete("uuids", points_selector=[ids[3]], wait=True)
+    assert client.count("uuids").count == 7
+    assert client.delete_collection("uuids")
 
 
 def test_retrieve(client: QdrantClient, loaded: str) -> None:
