@@ -273,7 +273,7 @@ async def open_system(
         facts = {
             "api": "qdrant-client local mode query_points, one vector per call, N threads",
             "qdrant_client": version("qdrant-client"),
-            "upserts": "one at a time (a lock)",
+            "calls": "all under one lock: local mode is not thread-safe",
         }
         return QdrantOps(client, queries, upserts), facts, _closer(client.close)
     raise ValueError(f"unknown system {system!r}")

@@ -203,6 +203,12 @@ def main(argv: list[str] | None = None) -> None:
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
     ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "vectordb", "tiers", "server"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
     data = load_data(mode)
     log(f"dataset {data.name}: {data.note}")
     root = args.out / "server"
@@ -305,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         "warmup_s": plan.warmup_s,
         "dataset": data.describe(),
         "code": head,
+        "uncommitted": [line[3:] for line in dirty if line.strip()],  # measured code beside HEAD
         "notes": notes,
         "wall_s": round(time.time() - started, 1),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
