@@ -18,7 +18,6 @@ from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from server.errors import ApiError, RateLimitedError
 from server.keys import ForbiddenError, KeyStore, Principal
@@ -30,8 +29,8 @@ __all__ = ["Admin", "Caller", "CatalogDep", "CollectionDep", "drain_writes", "sh
 T = TypeVar("T")
 _writes: set[asyncio.Future[Any]] = set()  # shielded writes still running (event loop only)
 
-_api_key = APIKeyHeader(name="api-key", auto_error=False, description="tk_... key")
-_bearer = HTTPBearer(auto_error=False, description="the same key as a bearer token")
+# The key is read from the headers here, not through FastAPI's security dependencies: each
+# dependency costs every request; the OpenAPI document declares both schemes (server.app).
 
 
 def _state(request: Request, name: str) -> Any:
@@ -41,14 +40,18 @@ def _state(request: Request, name: str) -> Any:
     return value
 
 
-async def _caller(
-    request: Request,
-    api_key: Annotated[str | None, Depends(_api_key)],
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+def _presented_key(request: Request) -> str | None:
+    """The ``api-key`` header, else the token of ``Authorization: Bearer``."""
+    key = request.headers.get("api-key")
+    if key:
+        return key
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+async def _caller(request: Request) -> Principal:
     keys: KeyStore = _state(request, "keys")
-    presented = api_key or (bearer.credentials if bearer is not None else None)
-    principal = await keys.authenticate(presented)
+    principal = await keys.authenticate(_presented_key(request))
     request.state.tenant = principal.tenant or "admin"
     if principal.rps is not None:
         limiter: RateLimiter = _state(request, "limiter")
@@ -69,9 +72,8 @@ async def _catalog(request: Request) -> Catalog:  # async: no thread hop per req
     return catalog
 
 
-async def _collection(
-    collection_name: str, catalog: Annotated[Catalog, Depends(_catalog)]
-) -> Collection:
+async def _collection(collection_name: str, request: Request) -> Collection:
+    catalog: Catalog = _state(request, "catalog")
     return catalog.get(collection_name)  # CollectionNotFoundError: 404
 
 
