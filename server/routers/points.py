@@ -42,6 +42,7 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["points"], route_class=OrjsonRoute)
 _PREFIX = "/collections/{collection_name}/points"
+_MATRIX_IN_THREAD_FLOATS = 1 << 18
 
 
 def _updated(request: Request, **extra: Any) -> Response:
@@ -59,11 +60,11 @@ async def upsert_points(
     collection: CollectionDep,
     wait: bool | None = None,
 ) -> Response:
-    dim = collection.config.dim
+    payloads: list[dict[str, Any] | None] | None
     if body.points is not None:
         ids = [p.id for p in body.points]
-        vectors = as_matrix([p.vector for p in body.points], dim, "points")
-        payloads: list[dict[str, Any] | None] | None = [p.payload for p in body.points]
+        rows, where = [p.vector for p in body.points], "points"
+        payloads = [p.payload for p in body.points]
     else:
         assert body.batch is not None  # the model allows exactly one form
         batch = body.batch
@@ -71,8 +72,12 @@ async def upsert_points(
             raise ApiError(400, "batch: ids and vectors differ in length")
         if batch.payloads is not None and len(batch.payloads) != len(batch.ids):
             raise ApiError(400, "batch: ids and payloads differ in length")
-        ids, vectors, payloads = batch.ids, as_matrix(batch.vectors, dim, "batch.vectors"), None
-        payloads = batch.payloads
+        ids, rows, where, payloads = batch.ids, batch.vectors, "batch.vectors", batch.payloads
+    dim = collection.config.dim
+    if len(rows) * dim < _MATRIX_IN_THREAD_FLOATS:
+        vectors = as_matrix(rows, dim, where)
+    else:  # ~10 ms per 100k floats from lists: off the event loop
+        vectors = await asyncio.to_thread(as_matrix, rows, dim, where)
     write = collection.upsert(
         list(ids), vectors, payloads, tenant=caller.tenant, max_points=caller.max_points
     )

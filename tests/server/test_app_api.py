@@ -90,6 +90,17 @@ def test_upsert_both_forms_and_read_back(live: LiveServer) -> None:
     assert result(live.admin("POST", C + "/points", excl))[0]["payload"] == {"g": "g0"}
 
 
+def test_big_upsert_is_checked_off_the_loop_too(live: LiveServer) -> None:
+    """Past ~262k floats the matrix is built in a worker thread: its refusal is the same."""
+    n = 40_000
+    rows = [vec(i % 40) for i in range(n - 1)] + [vec(0)[:-1]]
+    body = {"batch": {"ids": list(range(1000, 1000 + n)), "vectors": rows}}
+    refused = live.admin("PUT", C + "/points", body)
+    assert refused.status_code == 400, refused.text[:300]
+    assert f"batch.vectors[{n - 1}]" in refused.json()["status"]["error"]
+    assert result(live.admin("POST", C + "/points/count", {}))["count"] == 40
+
+
 def test_query_forms_agree(live: LiveServer) -> None:
     q = vec(5)
     exact = {"exact": True}
