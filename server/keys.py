@@ -9,7 +9,10 @@ Only a salted scrypt hash (n=2**14, r=8, p=1: ~50 ms, 16 MiB) of each key is sto
 Checks compare in constant time (``hmac.compare_digest``). A key verified once is remembered in
 memory under the sha256 of the presented text, so a request does not pay the KDF each time; the
 record is still looked up on every request, so a revoke takes effect at once (and drops the
-entry). The slow path runs in a worker thread: the event loop never waits on the KDF.
+entry). A key that matched no record is remembered as such, so repeating a wrong key costs no
+KDF either (records are only added with fresh random secrets, so a rejected text stays wrong;
+a new env admin key needs a restart anyway). The slow path runs in a worker thread: the event
+loop never waits on the KDF.
 
 Messages never contain a presented key, a secret or a hash.
 
@@ -36,6 +39,7 @@ _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 _KEY = re.compile(r"^tk_([0-9a-f]{12})_[A-Za-z0-9_-]{16,}$")
 _ENV_KEY_ID = "env-admin"  # the record of a $TIERKIT_ADMIN_KEY that is not of the tk_ form
 _MIN_KEY_CHARS = 16
+_MAX_CACHED = 100_000  # fingerprints remembered, each way
 _TENANT = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 
 
@@ -108,6 +112,7 @@ class KeyStore:
         self._path = path
         self._records = records
         self._verified: dict[str, str] = {}  # sha256(presented key) -> key_id
+        self._rejected: set[str] = set()  # sha256 of keys that matched no record
         self._lock = threading.Lock()
         self._dummy_salt = secrets.token_bytes(16)
 
@@ -200,13 +205,23 @@ class KeyStore:
             raise UnauthorizedError("an API key is required (header api-key or Authorization)")
         fingerprint = _fingerprint(presented)
         with self._lock:
+            if fingerprint in self._rejected:
+                raise UnauthorizedError("invalid API key")
             key_id = self._verified.get(fingerprint)
             record = self._records.get(key_id) if key_id is not None else None
         if record is None:
-            record = await asyncio.to_thread(self._verify, presented)
-            with self._lock:
-                if not record.revoked and len(self._verified) < 100_000:
-                    self._verified[fingerprint] = record.key_id
+            try:
+                record = await asyncio.to_thread(self._verify, presented)
+            except UnauthorizedError:
+                with self._lock:  # the same wrong key again costs no KDF (bounded memory)
+                    if len(self._rejected) >= _MAX_CACHED:
+                        self._rejected.clear()
+                    self._rejected.add(fingerprint)
+                raise
+            with self._lock:  # revoked too: its record says so on every request
+                if len(self._verified) >= _MAX_CACHED:
+                    self._verified.clear()
+                self._verified[fingerprint] = record.key_id
         if record.revoked:
             raise ForbiddenError("this API key was revoked")
         return Principal(record.key_id, record.tenant, record.max_points, record.rps)

@@ -77,6 +77,18 @@ def test_verification_is_cached_and_revoke_is_immediate(tmp_path: Path) -> None:
                 await store.authenticate(wrong)
             assert wrong is None or wrong == "" or wrong not in str(caught.value)
         assert (await store.authenticate(admin)).is_admin
+        # a wrong key repeated, and a revoked key repeated, cost no KDF either
+        for refused, error in [
+            ("tk_abcdefabcdef_" + "w" * 20, UnauthorizedError),
+            (key, ForbiddenError),
+        ]:
+            timings = []
+            for _ in range(2):
+                started = time.perf_counter()
+                with pytest.raises(error):
+                    await store.authenticate(refused)
+                timings.append(time.perf_counter() - started)
+            assert timings[1] < timings[0] / 10 or timings[1] < 0.002, timings
 
     asyncio.run(run())
 
