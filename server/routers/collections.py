@@ -4,6 +4,8 @@ Creating, deleting and indexing a collection is the admin's (a tenant would chan
 tenants share); listing and describing is anyone's, and a tenant's ``points_count`` counts only
 the points it can read. ``GET /collections/{name}`` is Qdrant's ``CollectionInfo`` shape with
 fixed values where tierkit has no such setting (segments, HNSW and WAL configuration).
+
+Thread-safety: handlers run on the event loop; blocking work goes to worker threads.
 """
 
 from __future__ import annotations

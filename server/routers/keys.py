@@ -2,6 +2,8 @@
 
 A new key is in the creation answer only, once; listings show ids, tenants, quotas and whether
 revoked, never a secret or a hash.
+
+Thread-safety: handlers run on the event loop; blocking work goes to worker threads.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Operations: ``/`` (name and version, what qdrant-client checks), ``/healthz`` (the process
 answers), ``/readyz`` (the catalog is open: 503 before and while stopping) and ``/metrics``
 (Prometheus text). None of them needs a key or says anything about the data.
+
+Thread-safety: handlers run on the event loop; blocking work goes to worker threads.
 """
 
 from __future__ import annotations

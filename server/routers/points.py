@@ -4,6 +4,8 @@ Every call passes the caller's tenant to the collection (None for the admin), wh
 what it may read and change: a tenant never sees, counts or deletes a point it was not granted,
 whatever filter it sends. Writes are durable when they answer (``wait`` is accepted; every
 write waits) and shielded from cancellation (see ``server.deps.shielded``).
+
+Thread-safety: handlers run on the event loop; blocking work goes to worker threads.
 """
 
 from __future__ import annotations
