@@ -31,7 +31,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from server.deps import drain_writes
-from server.envelope import OrjsonResponse
+from server.envelope import OrjsonResponse, OrjsonRoute
 from server.errors import install_error_handlers
 from server.keys import KeyStore
 from server.limits import BodyLimitMiddleware, TimeoutMiddleware
@@ -78,6 +78,23 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
+def _add_route(app: FastAPI, route: APIRoute) -> None:
+    """``route`` on the app's own router. ``include_router`` would nest each router (FastAPI
+    0.165 matches an included router's routes twice per request: ~0.1 ms of every request)."""
+    app.router.add_api_route(
+        route.path,
+        route.endpoint,
+        methods=sorted(route.methods or ()),
+        summary=route.summary,
+        description=route.description,
+        tags=list(route.tags),
+        responses=route.responses,
+        response_class=route.response_class,
+        name=route.name,
+        route_class_override=OrjsonRoute,
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -119,10 +136,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = Metrics(lambda: getattr(app.state, "catalog", None))
     app.state.route_methods = []  # for the Allow header of a 405 (server.errors)
     for module in (points, collections, keys, ops):  # hot routes first: matching is linear
-        app.include_router(module.router)  # each built with OrjsonRoute
         for route in module.router.routes:
-            if isinstance(route, APIRoute):
-                app.state.route_methods.append((route.path_regex, route.methods))
+            assert isinstance(route, APIRoute)
+            _add_route(app, route)
+            app.state.route_methods.append((route.path_regex, route.methods))
     install_error_handlers(app)
     app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     app.add_middleware(TimeoutMiddleware, timeout_s=settings.request_timeout_s)
