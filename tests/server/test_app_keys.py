@@ -88,7 +88,7 @@ def test_verification_is_cached_and_revoke_is_immediate(tmp_path: Path) -> None:
                 with pytest.raises(error):
                     await store.authenticate(refused)
                 timings.append(time.perf_counter() - started)
-            assert timings[1] < timings[0] / 10 or timings[1] < 0.002, timings
+            assert timings[1] < timings[0] / 10 or timings[1] < 0.02, timings  # scrypt: ~50 ms
 
     asyncio.run(run())
 
