@@ -38,6 +38,7 @@ is one JSON object (the issue's keys, ``systems``, ``machine``, ``mode``, ``data
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -69,7 +70,10 @@ class Plan:
     duration_s: float
     rounds: int
     soak_s: float  # 0: no soak
-    soak_warmup_s: float = 30.0
+
+    @property
+    def soak_warmup_s(self) -> float:
+        return min(30.0, 0.1 * self.soak_s)
 
 
 QUICK = Plan(
@@ -155,6 +159,8 @@ def measure(
     finally:
         status = server.stop()
     reply["server"] = {"ready_s": round(server.ready_s, 2), "exit_status": status}
+    if any(cell["errors"] for cell in reply.get("results", [])):
+        reply["server"]["log_tail"] = server.log_tail(1500)  # the scratch folder goes
     if "error" in reply:
         reply["error"] += f"; server log: {server.log_tail(300)}"
     return reply
@@ -182,6 +188,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny generated set (tests)")
     parser.add_argument("--skip", default="", help=f"comma-separated: {', '.join(SYSTEMS)}")
     parser.add_argument("--rounds", type=int, help="override the mode's rounds")
+    parser.add_argument("--soak-s", type=float, help="override the soak's seconds (0: none)")
     parser.add_argument("--server-log-level", help="TIERKIT_LOG_LEVEL for the server")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument(
@@ -196,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.soak_s is not None:
+        plan = dataclasses.replace(plan, soak_s=args.soak_s)
     rounds = args.rounds or plan.rounds
     skip = set(filter(None, args.skip.split(",")))
     systems = [s for s in SYSTEMS if s not in skip and plan.cells[s]]
@@ -289,8 +298,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             cell = reply["results"][0]
             soak = {k: cell[k] for k in ("qps", "p50_ms", "p99_ms", "errors", "upserts_per_s")}
+            soak["seconds"], soak["warmup_s"] = plan.soak_s, cell["warmup_s"]
             soak["rss_mib"] = [(t, round(b / 2**20, 1)) for t, b in cell["rss"]]
-            soak["rss_growth_pct"] = rss_growth_pct(cell["rss"], plan.soak_warmup_s)
+            soak["rss_growth_pct"] = rss_growth_pct(cell["rss"], cell["warmup_s"])
     keys = report.headline(results, soak)
     notes += [
         "each system opens a fresh copy of its build, dropped from the page cache first "
