@@ -43,6 +43,8 @@ READER_TENANT = "readco"  # is granted points by the admin
 # acknowledged new points of each round before its kill
 ROUNDS = [240, 520, 360]
 FIRST_ID = 1  # the writer tenant's point made before any crash
+COLORS = ["red", "green", "blue", "amber"]
+ALL = 10_000  # a query limit above every point count here: the answer is every match
 
 # A point's state: (payload, vector seed), or None for absent.
 State = tuple[dict[str, Any], int] | None
@@ -62,6 +64,7 @@ def payload_of(point_id: int, version: int) -> dict[str, Any]:
     return {
         "id": point_id,
         "v": version,
+        "color": COLORS[(point_id + version) % len(COLORS)],  # keyword-indexed
         "text": f"point {point_id} v{version} " + "x" * ((point_id + version) % 37),
         "nested": {"tags": [f"t{point_id % 5}", f"v{version}"], "f": point_id / 7},
     }
@@ -199,10 +202,18 @@ async def granter(client: httpx.AsyncClient, url: str, key: str, ledger: Ledger)
 
 
 async def write_until_killed(
-    server: LiveServer, admin: str, tenant_key: str, round_no: int, kill_after: int, ledger: Ledger
+    server: LiveServer,
+    admin: str,
+    tenant_key: str,
+    round_no: int,
+    kill_after: int,
+    ledger: Ledger,
+    keys: dict[str, Any],
 ) -> int:
     """Run the writers until ``kill_after`` new points of this round are acknowledged, then
-    SIGKILL the server while they are still writing. Returns this round's new points."""
+    SIGKILL the server while they are still writing. Just before the kill, revoke one key and
+    make another (``keys``: "revoked" and "made" collect them). Returns this round's new
+    points."""
     before = ledger.new_acks
     url = server.url
     limits = httpx.Limits(max_connections=CREATORS * 2 + 6)
@@ -219,6 +230,19 @@ async def write_until_killed(
             if all(t.done() for t in tasks) or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.005)
+        # Key changes acknowledged a moment before the crash must hold after it.
+        made = await client.post(
+            f"{url}/admin/keys", json={"tenant": f"late{round_no}"}, headers={"api-key": admin}
+        )
+        doomed = keys["made"].pop() if keys["made"] else None
+        if doomed is not None:
+            response = await client.delete(
+                f"{url}/admin/keys/{doomed['key_id']}", headers={"api-key": admin}
+            )
+            assert response.status_code == 200, response.text
+            keys["revoked"].append(doomed)
+        assert made.status_code == 200, made.text
+        keys["made"].append(made.json()["result"])
         # Mid-stream: the writers are still sending while the process dies.
         status = await asyncio.to_thread(server.kill9)
         assert status == -signal.SIGKILL
@@ -234,6 +258,21 @@ def retrieve(server: LiveServer, key: str, ids: list[int]) -> dict[int, dict[str
             assert point["id"] not in out, f"point {point['id']} returned twice"
             out[point["id"]] = point
     return out
+
+
+def query_all(server: LiveServer, key: str, flt: dict[str, Any] | None) -> set[int]:
+    """The ids of every point ``key`` can read that ``flt`` matches, found by a query."""
+    body: dict[str, Any] = {"query": vector_of(0), "limit": ALL}
+    if flt is not None:
+        body["filter"] = flt
+    hits = result(server.call("POST", f"{PATH}/points/query", key, body))["points"]
+    ids = [h["id"] for h in hits]
+    assert len(ids) == len(set(ids)), "a point twice in one answer"
+    return set(ids)
+
+
+def state_color(state: State) -> str | None:
+    return None if state is None else state[0].get("color")
 
 
 def same(point: dict[str, Any] | None, state: State) -> bool:
@@ -278,13 +317,29 @@ def check_after_restart(
     ledger.granted |= seen
     ledger.grant_pending.clear()
 
-    # The writer tenant sees the points it made, and none of the admin's.
-    seen = set(retrieve(server, tenant_key, present))
-    mine = {i for i in present if i in ledger.tenant_made}
-    assert seen == mine, (
-        f"writer tenant after restart: {len(mine - seen)} of its points missing, "
-        f"{len(seen - mine)} others' points visible"
-    )
+    # The writer tenant sees the points it made, and none of the admin's: by id, and through
+    # the index's tenant label (a query for everything).
+    mine = {i for i in present if i in ledger.tenant_made} | {FIRST_ID}
+    for how, seen in (
+        ("retrieve", set(retrieve(server, tenant_key, [*present, FIRST_ID]))),
+        ("query", query_all(server, tenant_key, None)),
+    ):
+        assert seen == mine, (
+            f"writer tenant after restart ({how}): {len(mine - seen)} of its points missing, "
+            f"{len(seen - mine)} others' points visible"
+        )
+    readable = {i for i in present if i in ledger.granted}
+    assert query_all(server, reader_key, None) == readable, "the reader's label after restart"
+
+    # The keyword index's labels survived too: a must-match on the indexed field (searched
+    # through that value's label) finds every point of that value, and nothing else.
+    for color in COLORS:
+        flt = {"must": [{"key": "color", "match": {"value": color}}]}
+        want = {i for i in present if state_color(ledger.acked[i]) == color}
+        got = query_all(server, admin, flt)
+        assert got == want, (
+            f"color {color} after restart: {len(want - got)} missing, {len(got - want)} extra"
+        )
 
     # A query with a point's vector finds it first; a deleted point's vector no longer does.
     rng = random.Random(len(present))
@@ -311,15 +366,18 @@ def test_acknowledged_writes_survive_kill9(tmp_path: Path) -> None:
     try:
         admin = server.admin_key
         result(server.admin("PUT", PATH, {"vectors": {"size": DIM, "distance": "Euclid"}}))
+        index = {"field_name": "color", "field_schema": "keyword"}
+        result(server.admin("PUT", f"{PATH}/index", index))
         tenant_key = result(server.admin("POST", "/admin/keys", {"tenant": WRITER_TENANT}))["key"]
         reader_key = result(server.admin("POST", "/admin/keys", {"tenant": READER_TENANT}))["key"]
         first = {"id": FIRST_ID, "vector": vector_of(FIRST_ID), "payload": {"first": True}}
         body = {"points": [first]}
         result(server.call("PUT", f"{PATH}/points", tenant_key, body, params={"wait": "true"}))
         ledger = Ledger()
+        keys: dict[str, Any] = {"made": [], "revoked": []}
         for round_no, kill_after in enumerate(ROUNDS, start=1):
             made = asyncio.run(
-                write_until_killed(server, admin, tenant_key, round_no, kill_after, ledger)
+                write_until_killed(server, admin, tenant_key, round_no, kill_after, ledger, keys)
             )
             assert not ledger.refused, f"round {round_no}: refused writes {ledger.refused[:3]}"
             assert made >= kill_after, (
@@ -334,8 +392,17 @@ def test_acknowledged_writes_survive_kill9(tmp_path: Path) -> None:
             assert info["config"]["params"]["vectors"]["size"] == DIM
             mine = result(server.call("POST", f"{PATH}/points", tenant_key, {"ids": [FIRST_ID]}))
             assert [p["id"] for p in mine] == [FIRST_ID]
+            # The key made just before the kill works; the one revoked then stays revoked.
+            for key in keys["made"]:
+                assert result(server.call("POST", f"{PATH}/points/count", key["key"], {})) == {
+                    "count": 0
+                }
+            for key in keys["revoked"]:
+                response = server.call("POST", f"{PATH}/points/count", key["key"], {})
+                assert response.status_code in (401, 403), response.text
             check_after_restart(server, admin, tenant_key, reader_key, ledger)
         # The run did what it is about (or it proves nothing).
         assert all(n > 0 for n in ledger.counts.values()), ledger.counts
+        assert len(keys["revoked"]) == len(ROUNDS) - 1
     finally:
         server.stop()
