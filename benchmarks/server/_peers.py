@@ -194,6 +194,7 @@ def build(system: str, directory: Path, base: np.ndarray) -> float:
                 COLLECTION, [{"id": start + i, "vector": r.tolist()} for i, r in enumerate(rows)]
             )
         client.flush(COLLECTION)
+        _wait_indexed(client)
         client.close()
     elif system == "qdrant_local":
         from qdrant_client import QdrantClient, models
@@ -208,6 +209,17 @@ def build(system: str, directory: Path, base: np.ndarray) -> float:
     else:
         raise ValueError(f"no build for {system!r}")
     return time.perf_counter() - started
+
+
+def _wait_indexed(client: Any, timeout_s: float = 600.0) -> dict[str, Any]:
+    """milvus-lite indexes sealed segments in the background: until it has, searches scan
+    rows (exact, slower). Wait for ``pending_index_rows == 0``; returns the index state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state: dict[str, Any] = client.describe_index(COLLECTION, "vector")
+        if not state.get("pending_index_rows") or time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)
 
 
 async def _build_ours(directory: Path, base: np.ndarray) -> None:
@@ -258,10 +270,13 @@ async def open_system(
 
         client = MilvusClient(str(directory / _MILVUS_FILE))
         client.load_collection(COLLECTION)
-        index = client.describe_index(COLLECTION, client.list_indexes(COLLECTION)[0])
+        index = _wait_indexed(client)
         facts = {
             "api": "pymilvus MilvusClient.search, one vector per call, N threads",
-            "index": {k: index.get(k) for k in ("index_type", "metric_type")},
+            "index": {
+                k: index.get(k)
+                for k in ("index_type", "metric_type", "indexed_rows", "pending_index_rows")
+            },
             "pymilvus": version("pymilvus"),
             "milvus_lite": version("milvus-lite"),
         }
