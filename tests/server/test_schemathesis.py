@@ -5,8 +5,8 @@ invalid ones) with the admin key; each response must not be a server error, must
 status code and content type the schema documents, and a body that matches its schema.
 Generated collection names rarely exist, so each operation on a collection runs once more with
 ``collection_name`` set to "docs", a small collection made first (and made again when a
-generated DELETE removed it). Bounded: 20 examples per operation and mode, derandomized
-(the same requests each run), well under a minute.
+generated DELETE removed it), with the admin key and then with a tenant key. Bounded: 20
+examples per operation and mode, derandomized (the same requests each run), under a minute.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def run_operation(
     mode: schemathesis.GenerationMode,
     live: LiveServer,
     path_parameters: dict[str, str] | None = None,
+    key: str | None = None,
 ) -> None:
     @settings(
         max_examples=EXAMPLES_PER_OPERATION,
@@ -92,7 +93,7 @@ def run_operation(
     def run(case: schemathesis.Case) -> None:
         case.call_and_validate(
             base_url=live.url,
-            headers={"api-key": live.admin_key},
+            headers={"api-key": key or live.admin_key},
             checks=CHECKS,
             timeout=30,
         )
@@ -111,20 +112,25 @@ def test_api_conforms(api_schema: schemathesis.BaseSchema, live: LiveServer) -> 
     collection once more with valid requests to an existing one ("docs")."""
     failures = []
     operations = 0
+    tenant_key = result(live.admin("POST", "/admin/keys", {"tenant": "fuzzer"}))["key"]
     for found in api_schema.get_all_operations():
         operation = found.ok()  # a schema error fails here, naming the operation
         operations += 1
-        runs: list[tuple[schemathesis.GenerationMode, dict[str, str] | None]] = [
-            (mode, None) for mode in schemathesis.GenerationMode
+        positive = schemathesis.GenerationMode.POSITIVE
+        runs: list[tuple[schemathesis.GenerationMode, dict[str, str] | None, str | None]] = [
+            (mode, None, None) for mode in schemathesis.GenerationMode
         ]
         if "{collection_name}" in operation.path:
-            runs.append((schemathesis.GenerationMode.POSITIVE, {"collection_name": "docs"}))
-        for mode, params in runs:
+            runs.append((positive, {"collection_name": "docs"}, None))
+            # and as a tenant: its refusals (403) and scoped answers are documented too
+            runs.append((positive, {"collection_name": "docs"}, tenant_key))
+        for mode, params, key in runs:
             ensure_docs(live)
             try:
-                run_operation(operation, mode, live, params)
+                run_operation(operation, mode, live, params, key)
             except Exception as exc:  # collect: one report of every operation that fails
-                where = f"{operation.label} ({mode.value}{', docs' if params else ''})"
-                failures.append(f"--- {where} ---\n{exc}")
+                how = ", docs" if params else ""
+                how += ", tenant key" if key else ""
+                failures.append(f"--- {operation.label} ({mode.value}{how}) ---\n{exc}")
     assert operations >= 15
     assert not failures, f"{len(failures)} run(s) fail:\n" + "\n".join(failures)
