@@ -39,7 +39,7 @@ from vectordb.collections.points import (
     point_from_key,
 )
 from vectordb.collections.query import Hit, run_query
-from vectordb.config import IndexConfig
+from vectordb.config import IndexConfig, SearchParams, default_postings
 from vectordb.errors import InvalidVectorsError
 from vectordb.index import SpannIndex
 
@@ -255,8 +255,10 @@ class Collection:
         with_vector: bool = False,
         score_threshold: float | None = None,
         exact: bool = False,
+        params: SearchParams | None = None,
     ) -> list[list[ScoredPoint]]:
-        """Each query row's nearest points the caller may read and ``filter`` matches."""
+        """Each query row's nearest points the caller may read and ``filter`` matches.
+        ``params``: the index's search settings (``max_postings``: the recall knob)."""
         matrix = self._vectors(vectors, None)
         for name, value in (("limit", limit), ("offset", offset)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -272,10 +274,18 @@ class Collection:
             self._score_ok(score_threshold),
             need_records,
             exact,
+            params or self._default_params(),
         )
         return [[self._scored(h, with_payload, with_vector) for h in r[offset:]] for r in rows]
 
     # ----------------------------------------------------------------- helpers
+    def _default_params(self) -> SearchParams:
+        """Twice the index's default lists per query: a collection grows by upserts, whose
+        lists are longer and fewer than a bulk build's. Measured on debian-minilm upserted in
+        batches of 1,000 (2,044 lists): recall@10 of single queries 0.876 at the index's
+        default (8 lists), 0.91-0.93 at 16."""
+        return SearchParams(max_postings=2 * default_postings(self.index.navigator.n_heads))
+
     def info(self) -> dict[str, Any]:
         return {
             "points_count": self.store.count(),

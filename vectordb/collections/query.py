@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,6 +55,7 @@ async def run_query(
     score_ok: Callable[[float], bool],
     need_records: bool,
     exact: bool,
+    params: SearchParams,
 ) -> list[list[Hit]]:
     """Up to ``need`` hits per query row, nearest first."""
     label = _route(c, filt, tenant)
@@ -69,7 +70,9 @@ async def run_query(
     k = need if filt is None else max(need * FIRST_ROUND_FACTOR, 20)
     for wide in (False, True):
         k = min(k, visible)
-        result = await c.index.search(vectors[short], k, _params(c, label, wide), tenant=label)
+        result = await c.index.search(
+            vectors[short], k, _params(c, label, wide, params), tenant=label
+        )
         ids, scores = result[0], result[1]
         still = []
         for row, query in enumerate(short):
@@ -98,12 +101,13 @@ def _route(c: Collection, filt: Filter | None, tenant: str | None) -> str | None
     return min(labels, key=c.index.count) if labels else None
 
 
-def _params(c: Collection, label: str | None, wide: bool) -> SearchParams:
+def _params(c: Collection, label: str | None, wide: bool, params: SearchParams) -> SearchParams:
     if not wide:
-        return SearchParams()
+        return params
     if label is not None:
-        return SearchParams(tenant_candidates=0)  # every shortlist of the label
-    return SearchParams(max_postings=4 * default_postings(c.index.navigator.n_heads))
+        return replace(params, tenant_candidates=0)  # every shortlist of the label
+    postings = params.max_postings or default_postings(c.index.navigator.n_heads)
+    return replace(params, max_postings=4 * postings)
 
 
 def _filtered(
