@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -603,6 +604,59 @@ def test_no_response_leaks_a_point(live: LiveServer) -> None:
         assert stats[what] > 0, f"the random program never did {what!r}: {dict(stats)}"
 
 
+class IsolationAcrossCrashes(Isolation):
+    """The same program, with one ``kill -9`` and restart somewhere in it: what the server
+    acknowledged (points, owners, grants, revokes, key revocations) is what it knows after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crashed = False
+
+    @precondition(lambda self: not self.crashed)
+    @rule()
+    def crash_and_restart(self) -> None:
+        self.crashed = True
+        self.live.kill9()
+        self.live.start()
+        Isolation.client.http.close()
+        Isolation.client = Client(self.live.url)  # the port may have changed
+        self.stats["crash"] += 1
+        self.check_unchanged()
+        for who in range(N_TENANTS + 1):
+            tenant, key = self.reader(who)
+            view = self.model.visible(tenant)
+            found = ok(self.call("POST", f"{self.base}/points", key, {"ids": ID_POOL}))
+            assert {p["id"] for p in found} == view, f"{tenant}: retrieve after restart"
+            body = {"query": vector_of(0), "limit": BIG}
+            hits = ok(self.call("POST", f"{self.base}/points/query", key, body))["points"]
+            assert {h["id"] for h in hits} == view, f"{tenant}: query after restart"
+        for old in self.revoked:
+            assert_denied(self.call("POST", f"{self.base}/points", old, {"ids": ID_POOL}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_no_leak_across_kill9(live: LiveServer) -> None:
+    Isolation.live = live
+    Isolation.client = Client(live.url)
+    Isolation.stats.clear()
+    try:
+        run_state_machine_as_test(
+            IsolationAcrossCrashes,
+            settings=settings(
+                max_examples=4,
+                stateful_step_count=STEPS,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                report_multiple_bugs=False,
+            ),
+        )
+    finally:
+        Isolation.client.http.close()
+    assert Isolation.stats["crash"] > 0, dict(Isolation.stats)
+
+
 def test_keys_refused_without_leaking(live: LiveServer) -> None:
     """No key, a malformed key, an unknown key of the right form: 401, no data, no key text."""
     client = Client(live.url)
@@ -879,7 +933,7 @@ def test_concurrent_queries_stay_in_their_views(live: LiveServer) -> None:
         return {who: float(np.mean(values)) for who, values in recall.items()}
 
     def gathered() -> tuple[float, float]:
-        """The index's (batches, queries) so far, from /metrics."""
+        """The index's gathered (batches, queries) so far, from /metrics."""
         text = httpx.get(live.url + "/metrics", timeout=30).text
         out = []
         for name in ("batches", "queries"):
@@ -894,7 +948,8 @@ def test_concurrent_queries_stay_in_their_views(live: LiveServer) -> None:
     batches, queries = gathered()
     together = check(asyncio.run(run(parallel=True)))
     batches, queries = (a - b for a, b in zip(gathered(), (batches, queries), strict=True))
-    assert queries > 1.5 * batches, f"no shared batches: {queries} queries in {batches}"
+    # gathered_queries: those answered in a batch with other callers' queries
+    assert queries >= 20, f"hardly any shared batches: {queries} queries in {batches} batches"
     for who in callers:
         # random 16-d data is hard for any ANN index: ~0.86 for the big tenant's route
         assert alone[who] >= 0.8, f"{who}: recall@{CONC_K} {alone[who]:.3f} alone"
