@@ -951,7 +951,7 @@ def test_concurrent_queries_stay_in_their_views(live: LiveServer) -> None:
     # gathered_queries: those answered in a batch with other callers' queries
     assert queries >= 20, f"hardly any shared batches: {queries} queries in {batches} batches"
     for who in callers:
-        # random 16-d data is hard for any ANN index: ~0.86 for the big tenant's route
+        # 0.90 (the 6% tenant) to 1.0 here: random 16-d data is hard for any ANN index
         assert alone[who] >= 0.8, f"{who}: recall@{CONC_K} {alone[who]:.3f} alone"
         # "a batch's answers are at least as good as each query alone" (vectordb/gather.py)
         assert together[who] >= alone[who] - 0.02, (
