@@ -55,39 +55,52 @@ def measure(path: str, threads: tuple[int, ...]) -> dict[str, Any]:
     return {"index_wait_s": index_wait_s, "index": index, "runs": runs}
 
 
-def main() -> None:
+def build(path: str) -> dict[str, Any]:
+    """Create, insert, flush, close; then search from this same process."""
     from pymilvus import MilvusClient
 
-    if len(sys.argv) == 3 and sys.argv[1] == "--measure":  # the fresh process
-        print(json.dumps(measure(sys.argv[2], (1, 8))))
+    base = data()[0]
+    client = MilvusClient(path)
+    client.create_collection("c", dimension=base.shape[1], metric_type="COSINE")
+    began = time.perf_counter()
+    for start in range(0, len(base), 5000):
+        rows = [
+            {"id": start + i, "vector": v.tolist()}
+            for i, v in enumerate(base[start : start + 5000])
+        ]
+        client.insert("c", rows)
+    client.flush("c")
+    build_s = time.perf_counter() - began
+    client.close()
+    return {"build_s": build_s, **measure(path, (1,))}
+
+
+def _child(*args: str) -> dict[str, Any]:
+    """This script in a process of its own (milvus-lite holds its file until its process
+    ends: a second process cannot open it before)."""
+    cmd = [sys.executable, "-m", "benchmarks.server.check_milvus_lite", *args]
+    root = Path(__file__).resolve().parents[2]  # the repository: -m finds benchmarks
+    done = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
+    reply: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return reply
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] in ("--build", "--measure"):
+        path = sys.argv[2]
+        print(json.dumps(build(path) if sys.argv[1] == "--build" else measure(path, (1, 8))))
         return
-    base, _, _, name = data()
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "check.db")
-        client = MilvusClient(path)
-        client.create_collection("c", dimension=base.shape[1], metric_type="COSINE")
-        began = time.perf_counter()
-        for start in range(0, len(base), 5000):
-            rows = [
-                {"id": start + i, "vector": v.tolist()}
-                for i, v in enumerate(base[start : start + 5000])
-            ]
-            client.insert("c", rows)
-        client.flush("c")
-        build_s = time.perf_counter() - began
-        client.close()
-        same = measure(path, (1,))  # the process that inserted: reopened, same process
-        cmd = [sys.executable, "-m", "benchmarks.server.check_milvus_lite", "--measure", path]
-        root = Path(__file__).resolve().parents[2]  # the repository: -m finds benchmarks
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
-        fresh = json.loads(done.stdout.strip().splitlines()[-1])
-    out = {"system": "milvus_lite", "dataset": name, "build_s": build_s}
+        same = _child("--build", path)  # builds, then searches in the process that inserted
+        fresh = _child("--measure", path)
+    out = {"system": "milvus_lite", "dataset": data()[3], "build_s": same.pop("build_s")}
     out |= {"same_process": same, "fresh_process": fresh}
     for label in ("same_process", "fresh_process"):
         for row in out[label]["runs"]:
             print(
-                f"milvus-lite {name} {label} threads={row['threads']}: {row['qps']:.0f} QPS, "
-                f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, "
+                f"milvus-lite {out['dataset']} {label} threads={row['threads']}: "
+                f"{row['qps']:.0f} QPS, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, "
                 f"recall@10 {row['recall_at_10']:.3f}",
                 file=sys.stderr,
             )
