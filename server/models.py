@@ -114,6 +114,18 @@ class DeleteBody(_Body):
         return self
 
 
+class ScrollBody(_Body):
+    """A page of points in id order from ``offset`` (a point id) on; ``order_by`` is not
+    supported (refused, not ignored)."""
+
+    offset: PointId | None = None
+    limit: StrictInt | None = Field(default=10, ge=1, le=10_000)
+    filter: FilterJson | None = None
+    with_payload: WithPayload | None = True
+    with_vector: WithVector | None = False
+    order_by: Any = None
+
+
 class CountBody(_Body):
     filter: FilterJson | None = None
     exact: StrictBool | None = True

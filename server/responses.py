@@ -85,6 +85,11 @@ class QueryResult(BaseModel):
     points: list[ScoredPoint]
 
 
+class ScrollResult(BaseModel):
+    points: list[Record]
+    next_page_offset: StrictInt | StrictStr | None = None
+
+
 class Count(BaseModel):
     count: int
 

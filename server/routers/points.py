@@ -1,4 +1,4 @@
-"""Points: upsert, retrieve, delete, count, query (one, batch, legacy search), grant/revoke.
+"""Points: upsert, retrieve, scroll, delete, count, query (one, batch, legacy search), grant/revoke.
 
 Every call passes the caller's tenant to the collection (None for the admin), which enforces
 what it may read and change: a tenant never sees, counts or deletes a point it was not granted,
@@ -26,10 +26,19 @@ from server.models import (
     QueryBatchBody,
     QueryBody,
     RetrieveBody,
+    ScrollBody,
     SearchBody,
     UpsertBody,
 )
-from server.responses import Count, QueryResult, Record, ScoredPoint, UpdateResult, documented
+from server.responses import (
+    Count,
+    QueryResult,
+    Record,
+    ScoredPoint,
+    ScrollResult,
+    UpdateResult,
+    documented,
+)
 from server.shapes import (
     as_filter,
     as_matrix,
@@ -115,6 +124,29 @@ async def retrieve_points(
         with_vector=wants_vector(body.with_vector),
     )
     return ok([point_json(p, selection) for p in found], request)
+
+
+@router.post(
+    _PREFIX + "/scroll",
+    summary="Page through points in id order",
+    responses=documented(ScrollResult),
+)
+async def scroll_points(
+    request: Request, body: ScrollBody, caller: Caller, collection: CollectionDep
+) -> Response:
+    if body.order_by is not None:
+        raise ApiError(400, "order_by is not supported: pages are in point id order")
+    selection = payload_selection(body.with_payload)
+    points, next_offset = await collection.scroll(
+        limit=10 if body.limit is None else body.limit,
+        offset=body.offset,
+        filter=as_filter(body.filter),
+        tenant=caller.tenant,
+        with_payload=selection[0],
+        with_vector=wants_vector(body.with_vector),
+    )
+    page = [point_json(p, selection) for p in points]
+    return ok({"points": page, "next_page_offset": next_offset}, request)
 
 
 @router.post(

@@ -570,6 +570,24 @@ class Isolation(RuleBasedStateMachine):
             f"{tenant} count (exact={exact}), filter {flt}: {n}, want {want}"
         )
 
+    @rule(who=st.integers(0, N_TENANTS), data=st.data())
+    def scroll(self, who: int, data: st.DataObject) -> None:
+        """Every page, followed to the end, holds exactly what the caller may read."""
+        tenant, key = self.reader(who)
+        flt = self.filters(tenant, data)
+        body: dict[str, Any] = {"limit": data.draw(st.integers(1, 7)), "with_payload": True}
+        if flt is not None:
+            body["filter"] = flt
+        seen: list[Any] = []
+        while True:
+            page = ok(self.call("POST", f"{self.base}/points/scroll", key, body))
+            seen += [p["id"] for p in page["points"]]
+            if page["next_page_offset"] is None:
+                break
+            body["offset"] = page["next_page_offset"]
+        assert set(seen) == set(self.expect(tenant, flt)), f"{tenant} scroll, filter {flt}"
+        assert len(seen) == len(set(seen))
+
     @rule(who=st.integers(0, N_TENANTS))
     def collection_info(self, who: int) -> None:
         tenant, key = self.reader(who)

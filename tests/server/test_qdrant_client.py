@@ -4,7 +4,8 @@ One seeded data set (500 x 32, payloads with a keyword, an integer and a float f
 the server through ``QdrantClient`` (half as a ``PointStruct`` list, half as a column ``Batch``)
 and into a ``vectordb.collections`` collection of its own folder through the Python API, in the
 same chunks and order. Then both answer the same calls: plain, keyword-filtered and
-range-filtered queries (the same ids in the same order, scores within 1e-4), retrieve, count,
+range-filtered queries (the same ids in the same order, scores within 1e-4), retrieve, scroll,
+count,
 the payload index's filtered queries, delete by ids and by filter, and queries after them. The
 server's scores are also checked against numpy's exact ones for the ids it returns.
 """
@@ -387,6 +388,27 @@ def test_retrieve(client: QdrantClient, loaded: str) -> None:
         np.testing.assert_allclose(r.vector, v / np.linalg.norm(v), atol=1e-6)
     bare = client.retrieve("docs", ids=[IDS[1]], with_payload=False, with_vectors=False)
     assert [(r.id, r.payload, r.vector) for r in bare] == [(IDS[1], None, None)]
+
+
+def test_scroll_pages_through_every_match_in_id_order(client: QdrantClient, loaded: str) -> None:
+    for flt in (None, COLOR_FILTER):
+        seen: list[Any] = []
+        offset = None
+        while True:
+            records, offset = client.scroll(
+                "docs",
+                scroll_filter=to_qm_filter(flt) if flt else None,
+                limit=64,
+                offset=offset,
+                with_payload=True,
+            )
+            seen += [r.id for r in records]
+            for r in records:
+                assert r.payload == PAYLOADS[IDS.index(r.id)]
+            if offset is None:
+                break
+        wanted = [IDS[i] for i in range(N) if flt is None or matches(flt, i)]
+        assert seen == sorted(wanted)
 
 
 def test_count(client: QdrantClient, loaded: str, expected: dict[str, Any]) -> None:

@@ -26,8 +26,15 @@ from tiers.io import IORuntime
 from vectordb.collections import writes
 from vectordb.collections.errors import InvalidPointError
 from vectordb.collections.filters import Filter
+from vectordb.collections.inputs import (
+    check_payloads,
+    check_point_ids,
+    check_tenant,
+    check_vectors,
+)
 from vectordb.collections.intents import apply_intent
 from vectordb.collections.labels import tenant_label
+from vectordb.collections.listing import keyword_grants, matching_keys, page
 from vectordb.collections.point_store import PointStore, StoreChange
 from vectordb.collections.points import (
     DISTANCES,
@@ -35,12 +42,11 @@ from vectordb.collections.points import (
     Point,
     PointId,
     ScoredPoint,
-    check_point_id,
     point_from_key,
+    point_key,
 )
 from vectordb.collections.query import Hit, run_query
 from vectordb.config import IndexConfig, SearchParams, default_postings
-from vectordb.errors import InvalidVectorsError
 from vectordb.index import SpannIndex
 
 __all__ = ["Collection"]
@@ -136,12 +142,12 @@ class Collection:
     ) -> None:
         """Insert or overwrite points; durable when it returns. A tenant's new points are
         granted to it; ``max_points``: how many points the tenant may read at most after."""
-        point_ids = _point_ids(ids)
-        rows = _payloads(payloads, len(point_ids))
-        tenant = _tenant(tenant)
+        point_ids = check_point_ids(ids)
+        rows = check_payloads(payloads, len(point_ids))
+        tenant = check_tenant(tenant)
         if not point_ids:
             return
-        matrix = self._vectors(vectors, len(point_ids))
+        matrix = check_vectors(self.config, vectors, len(point_ids))
         async with self._write_lock:
             visible = self.index.count(tenant_label(tenant)) if tenant is not None else 0
             plan = writes.plan_upsert(
@@ -152,17 +158,17 @@ class Collection:
     async def delete(self, ids: Any, *, tenant: str | None = None) -> int:
         """Delete points (a tenant: those it owns; its grants on others are revoked); returns
         how many the caller saw go."""
-        point_ids = _point_ids(ids, unique=False)
-        tenant = _tenant(tenant)
+        point_ids = check_point_ids(ids, unique=False)
+        tenant = check_tenant(tenant)
         async with self._write_lock:
             plan = writes.plan_delete(self.store, point_ids, tenant)
             await self._commit(plan)
         return plan.affected
 
     async def delete_where(self, filt: Filter, *, tenant: str | None = None) -> int:
-        tenant = _tenant(tenant)
+        tenant = check_tenant(tenant)
         async with self._write_lock:
-            found = await asyncio.to_thread(self._scan_keys, filt, tenant)
+            found = await asyncio.to_thread(matching_keys, self.store, filt, tenant)
             records = self.store.records([i for _, i in found])
             plan = writes.plan_delete_records(found, records, tenant)
             await self._commit(plan)
@@ -176,8 +182,8 @@ class Collection:
         return await self._access(ids, tenant, grant=False)
 
     async def _access(self, ids: Any, tenant: str, grant: bool) -> int:
-        point_ids = _point_ids(ids, unique=False)
-        name = _tenant(tenant)
+        point_ids = check_point_ids(ids, unique=False)
+        name = check_tenant(tenant)
         if name is None:
             raise InvalidPointError("grant and revoke need a tenant name")
         async with self._write_lock:
@@ -192,7 +198,7 @@ class Collection:
         async with self._write_lock:
             if field in self.payload_indexes:
                 return
-            grants = await asyncio.to_thread(self._keyword_grants, field)
+            grants = await asyncio.to_thread(keyword_grants, self.store, field)
             fields = [*self.payload_indexes, field]
             change = StoreChange(meta={b"indexes": orjson.dumps(fields)})
             ops = [["grant", label, ids] for label, ids in grants.items()]
@@ -217,10 +223,8 @@ class Collection:
         with_vector: bool = False,
     ) -> list[Point]:
         """The points the caller may read, in the order asked (missing ones left out)."""
-        from vectordb.collections.points import point_key
-
-        point_ids = _point_ids(ids, unique=False)
-        tenant = _tenant(tenant)
+        point_ids = check_point_ids(ids, unique=False)
+        tenant = check_tenant(tenant)
         internal = self.store.lookup([point_key(p) for p in point_ids])
         present = [i for i in internal if i is not None]
         records = dict(zip(present, self.store.records(present), strict=True))
@@ -236,12 +240,40 @@ class Collection:
         return out
 
     async def count(self, filt: Filter | None = None, *, tenant: str | None = None) -> int:
-        tenant = _tenant(tenant)
+        tenant = check_tenant(tenant)
         if filt is None:
             if tenant is None:
                 return self.store.count()
             return self.index.count(tenant_label(tenant))
-        return len(await asyncio.to_thread(self._scan_keys, filt, tenant))
+        return len(await asyncio.to_thread(matching_keys, self.store, filt, tenant))
+
+    async def scroll(
+        self,
+        *,
+        limit: int = 10,
+        offset: Any = None,
+        filter: Filter | None = None,
+        tenant: str | None = None,
+        with_payload: bool = True,
+        with_vector: bool = False,
+    ) -> tuple[list[Point], PointId | None]:
+        """A page of the points the caller may read and ``filter`` matches, in id order
+        (integers ascending, then UUIDs), from id ``offset`` on; and the id that starts the
+        next page (None: this was the last)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidPointError(f"limit must be an integer >= 1, got {limit!r}")
+        start = None if offset is None else point_key(check_point_ids([offset])[0])
+        tenant = check_tenant(tenant)
+        found = await asyncio.to_thread(page, self.store, start, limit + 1, filter, tenant)
+        points = [
+            Point(
+                r.point_id,
+                r.payload if with_payload else None,
+                r.vector.tolist() if with_vector else None,
+            )
+            for r in found[:limit]
+        ]
+        return points, (found[limit].point_id if len(found) > limit else None)
 
     async def query(
         self,
@@ -259,11 +291,11 @@ class Collection:
     ) -> list[list[ScoredPoint]]:
         """Each query row's nearest points the caller may read and ``filter`` matches.
         ``params``: the index's search settings (``max_postings``: the recall knob)."""
-        matrix = self._vectors(vectors, None)
+        matrix = check_vectors(self.config, vectors, None)
         for name, value in (("limit", limit), ("offset", offset)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidPointError(f"{name} must be an integer >= 0, got {value!r}")
-        tenant = _tenant(tenant)
+        tenant = check_tenant(tenant)
         need_records = with_payload or with_vector
         rows = await run_query(
             self,
@@ -295,7 +327,11 @@ class Collection:
         }
 
     def stats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.index.stats().items() if _is_number(v)}
+        return {
+            k: float(v)
+            for k, v in self.index.stats().items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
 
     def to_scores(self, index_scores: np.ndarray) -> list[float]:
         """The index's scores as reported: Euclidean distance for Euclid (the index ranks by
@@ -322,81 +358,3 @@ class Collection:
         if tenant is None:
             return True
         return tenant in tenants and tenant_label(tenant) in self.index.tenants_of(internal_id)
-
-    def _scan_keys(self, filt: Filter | None, tenant: str | None) -> list[tuple[bytes, int]]:
-        from vectordb.collections.points import point_key
-
-        out = []
-        for internal_id, record in self.store.scan():
-            if tenant is not None and tenant not in record.tenants:
-                continue
-            if filt is None or filt.matches(record.point_id, record.payload):
-                out.append((point_key(record.point_id), internal_id))
-        return out
-
-    def _keyword_grants(self, field: str) -> dict[str, list[int]]:
-        from vectordb.collections.labels import keyword_labels
-
-        grants: dict[str, list[int]] = {}
-        for internal_id, record in self.store.scan():
-            for label in keyword_labels(record.payload, [field]):
-                grants.setdefault(label, []).append(internal_id)
-        return grants
-
-    def _vectors(self, vectors: Any, n: int | None) -> np.ndarray:
-        try:
-            matrix = np.asarray(vectors, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise InvalidVectorsError(f"vectors must be numbers: {exc}") from None
-        if matrix.ndim == 1:
-            matrix = matrix[None, :]
-        if matrix.ndim != 2 or matrix.shape[1] != self.config.dim:
-            raise InvalidVectorsError(
-                f"expected vectors of size {self.config.dim}, got shape {matrix.shape}"
-            )
-        if n is not None and len(matrix) != n:
-            raise InvalidVectorsError(f"{len(matrix)} vectors for {n} ids")
-        if not np.isfinite(matrix).all():
-            raise InvalidVectorsError("vectors hold NaN or infinity (or exceed float32)")
-        if self.config.distance == "Cosine":
-            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-            matrix = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
-        return np.ascontiguousarray(matrix)
-
-
-def _point_ids(ids: Any, unique: bool = True) -> list[PointId]:
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise InvalidPointError(f"expected a list of point ids, got {type(ids).__name__}")
-    out = [check_point_id(i.item() if isinstance(i, np.generic) else i) for i in ids]
-    once = list(dict.fromkeys(out))  # first occurrences, in order
-    if unique and len(once) != len(out):
-        raise InvalidPointError("a point id appears twice in one call")
-    return once
-
-
-def _payloads(payloads: Any, n: int) -> list[dict[str, Any] | None]:
-    if payloads is None:
-        return [None] * n
-    rows = list(payloads)
-    if len(rows) != n:
-        raise InvalidPointError(f"{len(rows)} payloads for {n} points")
-    for row in rows:
-        if row is not None and not isinstance(row, dict):
-            raise InvalidPointError(f"a payload is a JSON object, got {type(row).__name__}")
-        try:
-            orjson.dumps(row)
-        except TypeError as exc:
-            raise InvalidPointError(f"a payload must be JSON: {exc}") from None
-    return rows
-
-
-def _tenant(tenant: Any) -> str | None:
-    if tenant is None:
-        return None
-    if not isinstance(tenant, str) or not tenant or len(tenant) > _MAX_TENANT_CHARS:
-        raise InvalidPointError(f"a tenant is a non-empty string of <= {_MAX_TENANT_CHARS} chars")
-    return tenant
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)

@@ -114,6 +114,19 @@ class PointStore:
                 internal_id = _U64.unpack(key)[0]
                 yield internal_id, decode_record(internal_id, value, self._data_path)
 
+    def keyed(self, start: bytes | None) -> Iterator[tuple[bytes, PointRecord]]:
+        """(point key, record) from the first key >= ``start`` on, in key order: integer ids
+        ascending, then UUIDs by their bytes (one read transaction: a consistent view)."""
+        with lmdb_errors(self._data_path), self._env.begin() as txn:
+            cursor = txn.cursor(db=self._ids)
+            found = cursor.set_range(start) if start is not None else cursor.first()
+            while found:
+                internal_id = _U64.unpack(cursor.value())[0]
+                value = txn.get(internal_key(internal_id), db=self._points)
+                if value is not None:
+                    yield bytes(cursor.key()), decode_record(internal_id, value, self._data_path)
+                found = cursor.next()
+
     def intents(self) -> list[tuple[int, list[list[Any]]]]:
         with lmdb_errors(self._data_path), self._env.begin(db=self._intents) as txn:
             return [(_U64.unpack(k)[0], orjson.loads(v)) for k, v in txn.cursor()]
