@@ -33,6 +33,14 @@ given a second thread, waits for a core the other search thread holds (measured:
 instead of ~7 ms per 500 queries in 32-query pieces). Only the calling thread's OpenMP
 setting is changed, for the call (``tiers.io.cpu_threads.this_thread_openmp_alone``), never torch's
 process-wide one.
+Shapes. torch keeps compiled code for every (queries, heads) shape its bfloat16 product has
+seen, ~240 KB each, for the life of the process (measured: 6,000 shapes, +950 MiB). A live
+index changes its head count with every split and its batch size with every gather, so the
+product is taken over shapes rounded up (the extra rows are computed and ignored): heads by at
+most a sixteenth, queries to a power of two up to 64 (a small batch's product costs reading
+the heads, not its rows): 16 head counts per doubling of the heads. Measured in the REST soak
+(debian-minilm, 90/10 mix): the server's anonymous memory grew ~1 MiB/s once the heads passed
+navigator.BFLOAT16_FROM_CELLS (2,731 at 384-d).
 Thread-safety: ``nearest`` may run on several threads at once; ``BfloatHeads.put``/``move``
 only while no search runs (the navigator's heads change under the same rule).
 """
@@ -52,6 +60,7 @@ from tiers.io import this_thread_openmp_alone
 __all__ = ["BfloatHeads", "bfloat16_is_native", "nearest", "warm_up"]
 
 _U = 2.0**-8  # bfloat16 unit roundoff (8 significant bits)
+_QUERY_STEP = 32  # past 64 queries, rounded up to a multiple of this; below, a power of two
 
 
 @functools.cache
@@ -129,15 +138,31 @@ class BfloatHeads:
             column[target] = column[source]
 
     def approximate_dots(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the products x.y from bfloat16, float32 [Q, count]; |x| [Q] in float64)."""
+        """(the products x.y from bfloat16, float32 [>= Q, >= count]: row q, column h is query
+        q's product with head h, the rest is padding; |x| [Q] in float64)."""
         import torch
 
         x = queries - self.centre if self.l2 else queries
         x_norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-        rounded_x = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
-        heads = torch.from_numpy(self.bits[: self.count].view(np.int16)).view(torch.bfloat16)
+        # rounded shapes: torch keeps code per shape for good (the module's docstring)
+        rows = np.zeros((_padded_queries(len(x)), self.dim), np.float32)
+        rows[: len(x)] = x
+        rounded_x = torch.from_numpy(rows).to(torch.bfloat16)
+        n_heads = min(_padded_heads(self.count), len(self.bits))
+        heads = torch.from_numpy(self.bits[:n_heads].view(np.int16)).view(torch.bfloat16)
         with this_thread_openmp_alone():
             return (rounded_x @ heads.T).float().numpy(), x_norms
+
+
+def _padded_queries(n: int) -> int:
+    if n <= 2 * _QUERY_STEP:
+        return 1 << max(n - 1, 0).bit_length()
+    return -(-n // _QUERY_STEP) * _QUERY_STEP
+
+
+def _padded_heads(n: int) -> int:
+    step = max(64, 1 << max(n.bit_length() - 5, 0))  # at most n / 16 from 1,024 heads on
+    return -(-n // step) * step
 
 
 def nearest(
@@ -198,7 +223,7 @@ def _select(
     dots: Any, scale: Any, upper_base: Any, lower_base: Any, x_slack: Any, y_norms: Any,
     queries: Any, heads: Any, l2: bool, out_pos: Any, out_dist: Any,
 ) -> None:  # fmt: skip
-    n_queries, n_heads = dots.shape
+    n_queries, n_heads = queries.shape[0], heads.shape[0]  # dots may be padded beyond both
     want = out_pos.shape[1]
     upper = np.empty(want, np.float32)  # max-heap of the want smallest upper bounds
     candidates = np.empty(n_heads, np.int64)

@@ -99,6 +99,28 @@ def test_rows_put_and_moved_after_the_centre_was_fixed(metric: Metric) -> None:
     np.testing.assert_allclose(np.take_along_axis(true, pos, axis=1), dist, rtol=1e-6, atol=1e-6)
 
 
+def test_product_shapes_stay_few_as_heads_and_batches_change() -> None:
+    """torch keeps code for every shape of product it ran, for good: a head added per split and
+    every batch size must not each make a new shape (in the REST soak the server's anonymous
+    memory grew ~1 MiB/s from that), and the padded rows must not change the answer."""
+    rng = np.random.default_rng(5)
+    heads = rng.normal(size=(1300, 16)).astype(np.float32)
+    bf = head_scan.BfloatHeads(heads[:1024], True)
+    shapes = set()
+    for n in range(1024, 1300, 3):  # three heads a "split"
+        bf.put(n, heads[n : n + 3])
+        for q in range(8, 70, 3):
+            dots, _ = bf.approximate_dots(rng.normal(size=(q, 16)).astype(np.float32))
+            assert dots.shape[0] >= q and dots.shape[1] >= n + 3
+            shapes.add(dots.shape)
+    assert len(shapes) <= 60, len(shapes)  # unrounded: 92 head counts x 21 batch sizes
+    queries = rng.normal(size=(9, 16)).astype(np.float32)
+    dist, pos = head_scan.nearest(bf, queries, heads[: bf.count], 5)
+    true = _exact(Metric.L2, queries, heads[: bf.count])
+    np.testing.assert_allclose(dist, np.sort(true, axis=1)[:, :5], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(true, pos, axis=1), dist, rtol=1e-6, atol=1e-6)
+
+
 def test_fashion_like_pixels() -> None:
     """Non-negative 784-d integer pixels (large norms, small differences): exact."""
     rng = np.random.default_rng(6)
