@@ -7,9 +7,10 @@ soon as the answer is back. Queries go round-robin over the query set. The warm-
 that long to reach its steady state; at most ``MAX_EXTRA_WARMUP_S`` more); then a window of
 ``duration_s`` opens: what completes inside it is counted (QPS, latency percentiles,
 errors); CPU seconds of the watched processes (the server and this process, from
-/proc/<pid>/stat) are read at both edges, and RSS of the first watched process is sampled
-every ``rss_every_s`` when asked (the soak). When the window closes the callers finish the
-request in hand and stop; those last answers are not counted.
+/proc/<pid>/stat) are read at both edges, and the memory of the first watched process
+(``MEMORY_FIELDS`` of /proc/<pid>/status) is sampled every ``rss_every_s`` when asked (the
+soak). When the window closes the callers finish the request in hand and stop; those last
+answers are not counted.
 
 ``Ops`` hides the system: HTTP calls, our index in-process, or a peer's Python API (blocking
 calls run on a thread pool of ``concurrency`` threads).
@@ -28,7 +29,6 @@ import numpy as np
 from benchmarks.server._dataset import recall
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 UPSERT_EVERY = 10  # the mix: one upsert in ten operations
 MAX_EXTRA_WARMUP_S = 60.0
 
@@ -67,9 +67,21 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
 
 
-def proc_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm", "rb") as stream:
-        return int(stream.read().split()[1]) * _PAGE
+# /proc/<pid>/status lines sampled in the soak, in the order of a sample's columns after its time
+MEMORY_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def proc_memory_bytes(pid: int) -> tuple[int, ...]:
+    """VmRSS, RssAnon, RssFile, RssShmem of ``pid`` in bytes (0 where the kernel lacks one).
+    VmRSS alone cannot tell a leak (anonymous pages) from mapped file pages the process touched
+    (LMDB's map), which the kernel reclaims under pressure."""
+    found = dict.fromkeys(MEMORY_FIELDS, 0)
+    with open(f"/proc/{pid}/status", "rb") as stream:
+        for line in stream.read().decode().splitlines():
+            name, _, value = line.partition(":")
+            if name in found:
+                found[name] = int(value.split()[0]) * 1024  # the kernel writes kB
+    return tuple(found[name] for name in MEMORY_FIELDS)
 
 
 def descendants(pid: int) -> list[int]:
@@ -163,7 +175,7 @@ async def run_cell(
     """One measured cell; ``watch`` names the pids whose CPU (process tree) is read.
     ``upsert_ids``: ``{"next": first new id, "rows": upsert vectors}``, advanced in place."""
     tally = _Tally()
-    rss: list[tuple[float, int]] = []
+    rss: list[tuple[float, ...]] = []  # (seconds, *MEMORY_FIELDS)
     callers = [
         asyncio.create_task(_caller(ops, slot, cell, tally, len(gt), upsert_ids))
         for slot in range(cell.concurrency)
@@ -174,7 +186,7 @@ async def run_cell(
     def sample_rss() -> None:  # every rss_every_s, through the warm-up too
         now = time.perf_counter() - started
         if rss_every_s and (not rss or now - rss[-1][0] >= rss_every_s):
-            rss.append((now, proc_rss_bytes(first)))
+            rss.append((now, *proc_memory_bytes(first)))
 
     try:
         limit = started + warmup_s + MAX_EXTRA_WARMUP_S
@@ -214,7 +226,7 @@ async def run_cell(
         "cpu_s": {name: round(cpu1[name] - cpu0[name], 2) for name in watch},
     }
     if rss_every_s:
-        out["rss"] = [(round(t, 1), b) for t, b in rss]
+        out["rss"] = [(round(row[0], 1), *row[1:]) for row in rss]
     return out
 
 
@@ -228,9 +240,10 @@ async def _sleep_or_raise(callers: list[asyncio.Task[None]], seconds: float) -> 
 
 
 def rss_growth_pct(samples: list[tuple[float, int]], warmup_s: float) -> float | None:
-    """Median RSS of the last minute vs the first sample after the warm-up, in percent."""
+    """Median of the last minute vs the first sample after the warm-up, in percent
+    (``samples``: (seconds, bytes) of one of the MEMORY_FIELDS)."""
     after = [b for t, b in samples if t >= warmup_s]
-    if len(after) < 2:
+    if len(after) < 2 or not after[0]:  # RssShmem is 0 here: no growth to speak of
         return None
     end_t = samples[-1][0]
     last = [b for t, b in samples if t >= end_t - 60.0] or after[-1:]

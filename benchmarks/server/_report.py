@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from benchmarks.server._loadgen import MEMORY_FIELDS, rss_growth_pct
+
 TARGETS = {
     "http_vs_inprocess_c64": (">=", 0.7),
     "http_qps_vs_milvus_lite_c8": (">=", 5.0),
@@ -87,7 +89,30 @@ def headline(systems: dict[str, Any], soak: dict[str, Any] | None) -> dict[str, 
         "recall_at_10": min(recalls) if recalls else None,
         "errors": errors,
         "rss_growth_pct": soak.get("rss_growth_pct") if soak else None,
+        # beside the issue's key: which part grew (anonymous: a leak would show there)
+        "rss_anon_growth_pct": soak.get("rss_anon_growth_pct") if soak else None,
+        "rss_file_growth_pct": soak.get("rss_file_growth_pct") if soak else None,
     }
+
+
+def soak_figures(cell: dict[str, Any], seconds: float, points_before: int) -> dict[str, Any]:
+    """The soak's JSON from its one cell: load figures, the memory series in MiB per
+    MEMORY_FIELDS column, each one's growth, and the points the window added."""
+    soak = {k: cell[k] for k in ("qps", "p50_ms", "p99_ms", "errors", "upserts_per_s")}
+    soak["seconds"], soak["warmup_s"] = seconds, cell["warmup_s"]
+    # the growth is measured from the first sample after the warm-up: the window's upserts
+    soak["points_before"], soak["points_upserted"] = points_before, cell["upserts"]
+    soak["points_growth_pct"] = round(cell["upserts"] / max(points_before, 1) * 100.0, 1)
+    rows = cell["rss"]
+    for column, name in enumerate(MEMORY_FIELDS, 1):
+        key = _SOAK_KEYS[name]
+        series = [(row[0], row[column]) for row in rows]
+        soak[f"{key}_mib"] = [(t, round(b / 2**20, 1)) for t, b in series]
+        soak[f"{key}_growth_pct"] = rss_growth_pct(series, cell["warmup_s"])
+    return soak
+
+
+_SOAK_KEYS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file", "RssShmem": "rss_shmem"}
 
 
 def verdicts(keys: dict[str, Any]) -> dict[str, str]:

@@ -21,8 +21,19 @@ Every system opens its own files: a build (cached under benchmarks/out/server/bu
 when the code it depends on changes) is copied to a scratch folder, dropped from the page cache,
 and opened by the measuring process; each round starts again from a fresh copy. Rounds
 interleave the systems; the table gives medians and the min-max spread. The full mode ends with
-a soak: 10 minutes of the 90/10 mix at concurrency 8 over HTTP, the server's RSS sampled every
-5 s (``rss_growth_pct``: median RSS of the last minute vs the first sample after warm-up).
+a soak: 10 minutes of the 90/10 mix at concurrency 8 over HTTP, the server's memory sampled
+every 5 s from /proc/<pid>/status. Each growth is the median of the last minute vs the first
+sample after the warm-up, in percent:
+
+* ``rss_growth_pct``: VmRSS, all the server's resident pages (the issue's key);
+* ``rss_anon_growth_pct``: RssAnon, its anonymous pages (heap, arrays, Python objects): where
+  a leak or an unbounded cache shows;
+* ``rss_file_growth_pct``: RssFile, pages of mapped files it touched: its libraries (~130 MiB
+  of torch, llvmlite and others, constant) and LMDB's maps, the point store's growing with the
+  points (new records, and reads of them); clean pages the kernel drops under pressure.
+
+``points_upserted`` is how many new points the soak's window added (``points_growth_pct`` of
+the ``points_before``): part of any growth is the data growing, not a leak.
 
 Data: debian-minilm from ../shared (62,440 x 384, 500 queries); without it a generated 20k x
 128 clustered set, said so in ``dataset``. Tables go to stdout, progress to stderr; the last line
@@ -56,7 +67,6 @@ from benchmarks.server import _report as report
 from benchmarks.server._builds import cached_build, fresh_copy
 from benchmarks.server._dataset import load as load_data
 from benchmarks.server._dataset import write_manifest
-from benchmarks.server._loadgen import rss_growth_pct
 from benchmarks.server._service import Server, env, serve_available
 
 SYSTEMS = ("http", "inprocess", "index_bulk", "milvus_lite", "qdrant_local")
@@ -296,11 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         if "error" in reply:
             soak = {"error": reply["error"]}
         else:
-            cell = reply["results"][0]
-            soak = {k: cell[k] for k in ("qps", "p50_ms", "p99_ms", "errors", "upserts_per_s")}
-            soak["seconds"], soak["warmup_s"] = plan.soak_s, cell["warmup_s"]
-            soak["rss_mib"] = [(t, round(b / 2**20, 1)) for t, b in cell["rss"]]
-            soak["rss_growth_pct"] = rss_growth_pct(cell["rss"], cell["warmup_s"])
+            soak = report.soak_figures(reply["results"][0], plan.soak_s, len(data.base))
     keys = report.headline(results, soak)
     notes += [
         "each system opens a fresh copy of its build, dropped from the page cache first "
