@@ -137,7 +137,8 @@ async def _caller(ops: Ops, slot: int, cell: Cell, tally: _Tally, n_q: int, ids:
         began = time.perf_counter()
         try:
             if is_upsert:
-                point = ids["next"]
+                # "wrap" > 0: ids cycle through the existing points (a steady-state store)
+                point = ids["next"] % ids["wrap"] if ids.get("wrap") else ids["next"]
                 ids["next"] += 1
                 await ops.upsert(slot, point, point % n_up)
             else:
@@ -173,7 +174,8 @@ async def run_cell(
     rss_every_s: float = 0.0,
 ) -> dict[str, Any]:
     """One measured cell; ``watch`` names the pids whose CPU (process tree) is read.
-    ``upsert_ids``: ``{"next": first new id, "rows": upsert vectors}``, advanced in place."""
+    ``upsert_ids``: ``{"next": first new id, "rows": upsert vectors, "wrap": 0 or the ids to
+    cycle through (overwrites)}``, advanced in place."""
     tally = _Tally()
     rss: list[tuple[float, ...]] = []  # (seconds, *MEMORY_FIELDS)
     callers = [

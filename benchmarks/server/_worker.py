@@ -39,6 +39,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--id-start", type=int, default=0)
+    parser.add_argument("--id-wrap", type=int, default=0)  # > 0: upserts overwrite ids below
     parser.add_argument("--rss-every-s", type=float, default=0.0)
     return parser.parse_args(argv)
 
@@ -56,7 +57,7 @@ async def measure(args: argparse.Namespace, work: Work) -> dict[str, Any]:
         ops, facts, closer = await open_system(args.system, args.dir, work.queries, work.upserts)
         watch = {"process": os.getpid()}
     open_s = time.perf_counter() - started
-    ids = {"next": args.id_start, "rows": len(work.upserts)}
+    ids = {"next": args.id_start, "rows": len(work.upserts), "wrap": args.id_wrap}
     results = []
     try:
         for round_index in range(args.rounds):
