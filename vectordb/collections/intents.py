@@ -10,8 +10,10 @@ concern (point_store.py), then applied to the index::
 
 Applying is idempotent: an insert skips ids the index holds already and ids whose record has
 gone since (a later write dropped them: its own intent deletes them), and the index ignores
-deletes, grants and revokes that changed nothing. So a restart replays every intent still in
-the store, in order, and the index catches up with the points.
+deletes, grants and revokes that changed nothing. An overwrite keeps the point's internal id
+and deletes it before inserting it again from its record (the current one: replaying an older
+overwrite indexes the newest vector, which a later intent then replaces with itself). So a
+restart replays every intent still in the store, in order, and the index catches up.
 
 Thread-safety: loop thread only (the index's).
 """

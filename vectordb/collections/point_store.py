@@ -11,7 +11,8 @@ Databases of the environment (``<collection>/points/``)::
 
 A write is one LMDB transaction (synced: durable once it returns), run on the store's private
 thread so the event loop never waits for an fsync; each write's intent lists what the index
-must then do. An internal id is never reused, so replaying an intent is idempotent.
+must then do. An internal id belongs to one point for good (an overwrite keeps it), so
+replaying the intents in order is idempotent (intents.py).
 
 Thread-safety: reads from any thread (short read transactions); ``write`` from the loop thread
 only, one at a time (the collection's write lock).

@@ -60,17 +60,21 @@ def plan_upsert(
             f"the key's tenant may hold {max_points} points: it holds {visible_now}, "
             f"this write adds {new_points}"
         )
-    new_ids = store.take_ids(len(point_ids))
-    change = StoreChange(dropped=old_ids)
+    # an overwrite keeps the point's internal id (the index re-inserts it as a new version), so
+    # the ids, and what the index keeps per id, grow with the points, not with the writes
+    fresh = iter(store.take_ids(new_points))
+    ids = [old if old is not None else next(fresh) for old in olds]
+    change = StoreChange()
     records = {}
     for i, (point_id, old) in enumerate(zip(point_ids, olds, strict=True)):
         before = old_records.get(old) if old is not None else None
         owner = before.owner if before is not None else tenant
         tenants = before.tenants if before is not None else ([tenant] if tenant else [])
-        records[new_ids[i]] = PointRecord(point_id, owner, tenants, payloads[i], vectors[i])
-        change.mapped[keys[i]] = new_ids[i]
+        records[ids[i]] = PointRecord(point_id, owner, tenants, payloads[i], vectors[i])
+        if old is None:
+            change.mapped[keys[i]] = ids[i]
     change.records = records
-    ops = [["insert", new_ids], ["delete", old_ids]]
+    ops = [["delete", old_ids], ["insert", ids]]  # in this order: an overwrite re-inserts
     return Plan(change, ops, records, len(point_ids))
 
 
