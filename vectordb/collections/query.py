@@ -27,6 +27,7 @@ from vectordb.collections.brute_force import exact_hits
 from vectordb.collections.filters import Filter
 from vectordb.collections.labels import keyword_label, tenant_label
 from vectordb.collections.point_records import PointRecord
+from vectordb.collections.points import point_key
 from vectordb.config import SearchParams, default_postings
 
 if TYPE_CHECKING:
@@ -125,16 +126,20 @@ def _filtered(
     found = ids >= 0
     internal = ids[found].tolist()
     row_scores = c.to_scores(scores[found])
-    keys = c.store.point_keys(internal)
-    records = c.store.records(internal) if need_records or filt is not None else None
+    # one LMDB read per hit: the record when anything needs it (its id gives the key), else
+    # the bare key
+    if need_records or filt is not None:
+        records = c.store.records(internal)
+        keys = [None if r is None else point_key(r.point_id) for r in records]
+    else:
+        records, keys = [None] * len(internal), c.store.point_keys(internal)
     out: list[Hit] = []
-    for i, (internal_id, score, key) in enumerate(zip(internal, row_scores, keys, strict=True)):
+    for internal_id, score, key, record in zip(internal, row_scores, keys, records, strict=True):
         if key is None:
             continue  # deleted since the search read it
         if not score_ok(score):
             return out, True
-        record = records[i] if records is not None else None
-        if records is not None and (record is None or not _passes(record, filt, tenant)):
+        if record is not None and not _passes(record, filt, tenant):
             continue
         out.append(Hit(internal_id, score, key, record))
         if len(out) == need:
