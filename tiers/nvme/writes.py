@@ -89,6 +89,16 @@ class NvmeWrites:
         self._open_catalog()
         return await self._ops.shielded(self._delete(key))
 
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        """Delete every key of ``keys`` with one catalog commit; how many were present."""
+        held = sorted(dict.fromkeys(keys))
+        for key in held:
+            check_key(key)
+        self._open_catalog()
+        if not held:
+            return 0
+        return await self._ops.shielded(self._delete_many(held))
+
     def _entry_bytes(self, entry: CatalogEntry) -> int:
         """Bytes the entry's record takes on disk (bare or header record, by the marker)."""
         return record_bytes(entry.size_bytes, self._is_bare(entry))
@@ -191,6 +201,26 @@ class NvmeWrites:
             return True
         finally:
             self._key_locks.release([key])
+
+    async def _delete_many(self, held: list[str]) -> int:
+        catalog, space = self._catalog, self._space
+        assert catalog is not None and space is not None
+        await self._key_locks.acquire(held)
+        try:
+            old = {key: catalog.entries.get(key) for key in held}
+            present = [(key, entry) for key, entry in old.items() if entry is not None]
+            if not present:
+                return 0
+            await catalog.apply_many([(key, None) for key, _ in present])
+            for key, entry in present:
+                if key not in self._damaged:
+                    address = space.address_of(entry.file_index, entry.offset_bytes)
+                    space.release(address, self._entry_bytes(entry))
+                self._damaged.discard(key)
+            self.counters["deletes"] += len(present)
+            return len(present)
+        finally:
+            self._key_locks.release(held)
 
 
 class KeyLocks:

@@ -128,6 +128,11 @@ class Tier(abc.ABC):
     async def delete(self, key: str) -> bool:
         """Remove ``key``; True when it was present."""
 
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        """Remove every key of ``keys``; how many were present. This default deletes one
+        after another; NvmeTier commits them all in one catalog transaction."""
+        return sum([await self.delete(key) for key in dict.fromkeys(keys)])
+
     @abc.abstractmethod
     def size_of(self, key: str) -> int | None:
         """The object's size in bytes, or None when absent (no I/O)."""

@@ -180,6 +180,25 @@ class TieredStore(StoreReads):
                 await self._drop_copy(key, index)
             return True
 
+    async def delete_many(self, keys: Iterable[str]) -> int:
+        """Delete every key of ``keys``, each tier's copies with one ``Tier.delete_many`` (one
+        catalog commit on NVMe); how many were present."""
+        async with self._lock:
+            by_tier: dict[int, list[str]] = {}
+            present = 0
+            for key in dict.fromkeys(keys):
+                entry = self._entries.pop(key, None)
+                if entry is None:
+                    continue
+                present += 1
+                for index in entry.copies:
+                    by_tier.setdefault(index, []).append(key)
+            for index, members in by_tier.items():
+                await self.tiers[index].delete_many(members)
+                for key in members:
+                    self._policies[index].forget(key)
+            return present
+
     async def pin(self, key: str) -> bool:
         """Keep ``key`` where it is: never evicted, promoted or demoted. False if absent."""
         entry = self._entries.get(key)
