@@ -96,7 +96,9 @@ class CostBlockPolicy(BlockPolicy):
 
 class PrefixBlockPolicy(BlockPolicy):
     """Leaves first, least recently used first. A lazy min-heap of (last use, key) over the
-    leaves: an entry is live while its key is a leaf and its tick is the key's last use."""
+    leaves: an entry is live while its key is a leaf and its tick is the key's last use. A
+    forgotten block's children are cut loose (orphans: unreachable by a prefix lookup until
+    their parent is stored again, which links only blocks stored after it)."""
 
     name = "prefix"
 
@@ -104,7 +106,7 @@ class PrefixBlockPolicy(BlockPolicy):
         self._tick = itertools.count()
         self._last: dict[str, int] = {}
         self._parent: dict[str, str | None] = {}
-        self._children: dict[str, int] = {}
+        self._children: dict[str, set[str]] = {}
         self._leaves: list[tuple[int, str]] = []
         self._fallback = LruPolicy()
 
@@ -114,9 +116,9 @@ class PrefixBlockPolicy(BlockPolicy):
             return
         parent = parent if parent in self._last else None
         self._parent[key] = parent
-        self._children[key] = 0
+        self._children[key] = set()
         if parent is not None:
-            self._children[parent] += 1
+            self._children[parent].add(key)
         self._fallback.admit(key, 1, 0.0)
         self._use(key)
 
@@ -129,11 +131,13 @@ class PrefixBlockPolicy(BlockPolicy):
         if self._last.pop(key, None) is None:
             return
         self._fallback.forget(key)
-        self._children.pop(key, None)
-        parent = self._parent.pop(key, None)
-        if parent is not None and parent in self._children:
-            self._children[parent] -= 1
-            if not self._children[parent]:
+        for child in self._children.pop(key):
+            self._parent[child] = None
+        parent = self._parent.pop(key)
+        if parent is not None:
+            siblings = self._children[parent]
+            siblings.discard(key)
+            if not siblings:
                 heapq.heappush(self._leaves, (self._last[parent], parent))
         if len(self._leaves) > 4 * len(self._last) + 64:
             self._leaves = [(t, k) for k, t in self._last.items() if not self._children[k]]

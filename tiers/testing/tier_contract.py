@@ -130,6 +130,18 @@ class TierContract(abc.ABC):
 
         self.go(tmp_path, body)
 
+    def test_delete_many(self, tmp_path: Path) -> None:
+        async def body(tier: Tier) -> None:
+            await tier.put_many({f"d/{i}": _payload(1000 + i, i) for i in range(5)})
+            assert await tier.delete_many(["d/1", "absent", "d/3", "d/1"]) == 2
+            assert sorted(tier.keys("d/")) == ["d/0", "d/2", "d/4"]
+            assert tier.used_bytes == 1000 + 1002 + 1004
+            assert await tier.get("d/3") is None and await tier.delete_many([]) == 0
+            await tier.put("d/3", b"back")  # its space is free again
+            assert as_bytes(await tier.get("d/3")) == b"back"
+
+        self.go(tmp_path, body)
+
     def test_capacity_error_leaves_the_tier_unchanged(self, tmp_path: Path) -> None:
         async def body(tier: Tier) -> None:
             await tier.put("a", _payload(40_000, 3))

@@ -114,6 +114,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.model.pop(key, None)
         self.pinned.discard(key)
 
+    @rule(keys=st.lists(KEYS, max_size=4))
+    def delete_many(self, keys: list[str]) -> None:
+        present = set(keys) & set(self.model)
+        assert self.run(self.store.delete_many(keys)) == len(present)
+        for key in present:
+            del self.model[key]
+        self.pinned -= present
+
     @precondition(lambda self: self.pinned)
     @rule()
     def unpin_all(self) -> None:
