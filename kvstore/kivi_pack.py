@@ -1,0 +1,155 @@
+"""Group quantisation and bit packing: the arithmetic under ``kvstore.kivi``.
+
+``quantise_groups`` quantises the last axis of a float32 tensor in groups of ``group`` elements
+(the last group may be shorter: it is padded by repeating the row's last element, which leaves
+its min and max unchanged, and the padded codes are dropped). Per group, asymmetric:
+
+    zero  = min rounded DOWN to float16          (zero <= every element)
+    scale = (max - zero) / levels rounded UP to float16   (zero + levels * scale >= max)
+    code  = clamp(round((x - zero) / scale), 0, levels)   (code 0 where scale == 0)
+    x'    = zero + code * scale                   (float32)
+
+with ``levels = 2**bits - 1``. Rounding the zero down and the scale up keeps every element
+inside the representable range, so ``|x - x'| <= scale / 2`` (up to float32 rounding) holds
+for the stored float16 scale, not only for the exact one. A group whose min or max is not
+finite in float16 (|x| > 65504, inf, nan) cannot be represented: ``InvalidArgumentError``.
+
+``pack_codes`` packs codes of ``bits`` bits (2 or 4) along the last axis, ``8 // bits`` codes
+per byte, code ``i`` at bit offset ``(i % per_byte) * bits`` of byte ``i // per_byte`` (little
+end first); a short last byte is zero-padded. ``unpack_codes`` is its inverse.
+
+Thread-safety: pure functions of their inputs; no shared state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tiers import InvalidArgumentError
+
+__all__ = ["dequantise_groups", "pack_codes", "packed_len", "quantise_groups", "unpack_codes"]
+
+_NEG_INF = float("-inf")
+_POS_INF = float("inf")
+_HALF_MAX = 65504.0  # the largest finite float16
+
+
+def packed_len(count: int, bits: int) -> int:
+    """Bytes holding ``count`` codes of ``bits`` bits."""
+    per_byte = 8 // bits
+    return -(-count // per_byte)
+
+
+def _round_half(values: torch.Tensor, toward: float) -> torch.Tensor:
+    """float32 -> float16 rounded toward -inf (``toward=-inf``) or +inf (``toward=+inf``)."""
+    half = values.to(torch.float16)
+    wrong = half.float() < values if toward > 0 else half.float() > values
+    if bool(wrong.any()):
+        stepped = torch.nextafter(half, torch.full_like(half, toward))
+        half = torch.where(wrong, stepped, half)
+    return half
+
+
+def _parts(x: torch.Tensor, axis: int, group: int) -> list[tuple[torch.Tensor, int, int]]:
+    """Views of ``x`` split along ``axis`` into ``(view, first_group, groups)``: the full
+    groups as ``[..., groups, group, ...]`` and a ragged tail as ``[..., 1, rest, ...]``."""
+    n = x.shape[axis]
+    full = n // group
+    parts = []
+    if full:
+        parts.append((x.narrow(axis, 0, full * group).unflatten(axis, (full, group)), 0, full))
+    if n > full * group:
+        parts.append((x.narrow(axis, full * group, n - full * group).unsqueeze(axis), full, 1))
+    return parts
+
+
+def _group_stats(stats: torch.Tensor, axis: int, first: int, groups: int) -> torch.Tensor:
+    """Per-group ``stats [..., ngroups, ...]`` shaped to broadcast against one part's view."""
+    return stats.narrow(axis, first, groups).unsqueeze(axis + 1)
+
+
+def quantise_groups(
+    x: torch.Tensor, bits: int, group: int, axis: int, codes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``x`` in groups of ``group`` along ``axis`` into ``codes`` (uint8, ``x``'s
+    shape); returns float16 (scale, zero) shaped as ``x`` with ``axis`` of ``ceil(n / group)``.
+    ``x`` is only read."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        x = x.float()  # float8: no min/max or arithmetic kernels of its own
+    levels = (1 << bits) - 1
+    x_parts = _parts(x, axis, group)
+    pairs = [torch.aminmax(part, dim=axis + 1) for part, _, _ in x_parts]
+    low = torch.cat([pair[0] for pair in pairs], dim=axis).float()
+    high = torch.cat([pair[1] for pair in pairs], dim=axis).float()
+    # Comparisons with nan are false, so this also rejects nan; within +-65504 both the
+    # rounded-down zero and the rounded-up scale (span / 3 at most) stay finite.
+    if not bool(((low >= -_HALF_MAX) & (high <= _HALF_MAX)).all()):
+        raise InvalidArgumentError(
+            "KIVI: a group's values are not finite in float16 (|x| > 65504, inf or nan)"
+        )
+    zero = _round_half(low, _NEG_INF)
+    scale = _round_half((high - zero.float()) / levels, _POS_INF)
+    zero32, scale32 = zero.float(), scale.float()
+    inverse = torch.where(scale32 > 0, scale32.reciprocal(), torch.zeros_like(scale32))
+    # code = floor((x - zero) / scale + 0.5). zero <= x <= zero + levels * scale, so the sum
+    # lies in [0.5, levels + 0.5] up to rounding and the float -> uint8 cast needs no clamp.
+    # 16-bit inputs take one fused pass, bias + x * inverse: |zero| / scale <= levels * 2**11
+    # there, so float32 rounding stays below 1/100 of a step. float32 inputs can have a range
+    # far below their magnitude, so they subtract first (exact by Sterbenz for close values).
+    fused = x.dtype != torch.float32
+    bias = torch.addcmul(torch.full_like(zero32, 0.5), zero32, inverse, value=-1)
+    for (part, first, groups), (code_part, _, _) in zip(
+        x_parts, _parts(codes, axis, group), strict=True
+    ):
+        part_inverse = _group_stats(inverse, axis, first, groups)
+        if fused:
+            shifted = torch.addcmul(_group_stats(bias, axis, first, groups), part, part_inverse)
+        else:
+            shifted = part - _group_stats(zero32, axis, first, groups)
+            shifted.mul_(part_inverse).add_(0.5)
+        code_part.copy_(shifted)
+    return scale, zero
+
+
+def dequantise_groups(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    group: int,
+    axis: int,
+    out: torch.Tensor,
+) -> None:
+    """Inverse of ``quantise_groups``: ``out`` (``codes``' shape, any float dtype, any
+    strides) = zero + code * scale, computed in float32."""
+    zero32, scale32 = zero.float(), scale.float()
+    for (code_part, first, groups), (out_part, _, _) in zip(
+        _parts(codes, axis, group), _parts(out, axis, group), strict=True
+    ):
+        torch.addcmul(
+            _group_stats(zero32, axis, first, groups),
+            code_part,
+            _group_stats(scale32, axis, first, groups),
+            out=out_part,
+        )
+
+
+def pack_codes(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """uint8 codes ``[n, m]`` (each < 2**bits) -> ``out`` uint8 ``[n, packed_len(m, bits)]``."""
+    per_byte = 8 // bits
+    m = codes.shape[-1]
+    short = -m % per_byte
+    if short:
+        codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], short)], dim=-1)
+    lanes = codes.reshape(*codes.shape[:-1], -1, per_byte)
+    torch.bitwise_or(lanes[..., 0], lanes[..., 1] << bits, out=out)
+    for lane in range(2, per_byte):
+        out.bitwise_or_(lanes[..., lane] << (lane * bits))
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """uint8 ``[..., packed_len(count, bits)]`` -> codes uint8 ``[..., count]``."""
+    per_byte = 8 // bits
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    mask = (1 << bits) - 1
+    lanes = (packed.unsqueeze(-1) >> shifts).bitwise_and_(mask)
+    return lanes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count]
