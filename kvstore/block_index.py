@@ -101,23 +101,45 @@ class BlockIndex:
                 return count
         return len(hashes)
 
-    def rebuild(self, keys: Iterable[str]) -> list[str]:
-        """Index every key of this namespace among ``keys``, parents before children (so
-        depths are right); returns the keys of blocks this namespace has (added order)."""
-        links: dict[bytes, bytes | None] = {}
+    def rebuild(self, keys: Iterable[str]) -> list[tuple[str, str | None, int]]:
+        """Index every key of this namespace among ``keys`` (others are skipped); returns
+        (key, parent's key or None when the parent is not cached, depth) of each block."""
+        prefix = f"kv/{self.namespace}/"
+        cut = len(prefix)
+        parents: dict[bytes, bytes | None] = {}
+        names: dict[bytes, str] = {}
         for key in keys:
-            parsed = parse_block_key(key)
-            if parsed is not None and parsed[0] == self.namespace:
-                links[parsed[1]] = parsed[2]
-        added: list[str] = []
-        for start in links:
-            chain = []
-            link: bytes | None = start
-            while link is not None and link in links and link not in self.blocks:
-                chain.append(link)
-                link = links[link]
-                if len(chain) > len(links):  # a cycle cannot come from sha256 chains
-                    break
-            for link in reversed(chain):
-                added.append(self.add(link, links[link]).key)
-        return added
+            if not key.startswith(prefix):
+                continue
+            own, _, parent = key[cut:].partition("/")
+            try:
+                block_hash = bytes.fromhex(own)
+                parents[block_hash] = None if parent == _ROOT else bytes.fromhex(parent)
+            except ValueError:
+                continue  # not a block key
+            names[block_hash] = key
+        depths = _depths(parents)
+        rebuilt = []
+        for block_hash, key in names.items():
+            parent = parents[block_hash]
+            self.blocks[block_hash] = BlockInfo(key, parent, depths[block_hash])
+            self.by_key[key] = block_hash
+            rebuilt.append((key, names.get(parent) if parent else None, depths[block_hash]))
+        return rebuilt
+
+
+def _depths(parents: dict[bytes, bytes | None]) -> dict[bytes, int]:
+    """Each block's depth: its parent's + 1, or 0 when its parent is not among them."""
+    depths: dict[bytes, int] = {}
+    for start in parents:
+        path = []
+        link: bytes | None = start
+        while link is not None and link in parents and link not in depths:
+            path.append(link)
+            link = parents[link]
+            if len(path) > len(parents):  # a cycle cannot come from sha256 chains
+                break
+        base = depths[link] + 1 if link is not None and link in depths else 0
+        for depth, block_hash in enumerate(reversed(path), base):
+            depths[block_hash] = depth
+    return depths

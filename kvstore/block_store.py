@@ -71,11 +71,7 @@ class KVBlockStore(BlockLoads):
             ("lookups", "hit_blocks", "miss_blocks", "stored_blocks", "evicted_blocks",
              "loaded_blocks", "corrupt_blocks", "rejected_blocks"), 0,
         )  # fmt: skip
-        for key in self._index.rebuild(store.keys("kv/")):
-            block_hash = self._index.by_key[key]
-            info = self._index.blocks[block_hash]
-            parent = self._index.blocks.get(info.parent) if info.parent else None
-            self._policy.admit(key, parent.key if parent else None, info.depth)
+        self._policy.admit_many(self._index.rebuild(store.keys("kv/")))
 
     @classmethod
     async def open(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from tiers import InvalidArgumentError
 from tiers.store import CostAwarePolicy, LruPolicy
@@ -44,6 +44,11 @@ class BlockPolicy(abc.ABC):
 
     @abc.abstractmethod
     def admit(self, key: str, parent: str | None, depth: int) -> None: ...
+
+    def admit_many(self, blocks: Iterable[tuple[str, str | None, int]]) -> None:
+        """``admit`` each (key, parent, depth), parents before their children or not."""
+        for key, parent, depth in blocks:
+            self.admit(key, parent, depth)
 
     @abc.abstractmethod
     def touch(self, key: str) -> None: ...
@@ -108,7 +113,6 @@ class PrefixBlockPolicy(BlockPolicy):
         self._parent: dict[str, str | None] = {}
         self._children: dict[str, set[str]] = {}
         self._leaves: list[tuple[int, str]] = []
-        self._fallback = LruPolicy()
 
     def admit(self, key: str, parent: str | None, depth: int) -> None:
         if key in self._last:
@@ -119,18 +123,29 @@ class PrefixBlockPolicy(BlockPolicy):
         self._children[key] = set()
         if parent is not None:
             self._children[parent].add(key)
-        self._fallback.admit(key, 1, 0.0)
         self._use(key)
+
+    def admit_many(self, blocks: Iterable[tuple[str, str | None, int]]) -> None:
+        """A reopen's bulk admit: one heapify, not a push per block."""
+        fresh = [block for block in blocks if block[0] not in self._last]
+        for key, _, _ in fresh:
+            self._last[key] = next(self._tick)
+            self._children[key] = set()
+        for key, parent, _ in fresh:
+            parent = parent if parent in self._last else None
+            self._parent[key] = parent
+            if parent is not None:
+                self._children[parent].add(key)
+        self._leaves.extend((self._last[k], k) for k, _, _ in fresh if not self._children[k])
+        heapq.heapify(self._leaves)
 
     def touch(self, key: str) -> None:
         if key in self._last:
-            self._fallback.touch(key)
             self._use(key)
 
     def forget(self, key: str) -> None:
         if self._last.pop(key, None) is None:
             return
-        self._fallback.forget(key)
         for child in self._children.pop(key):
             self._parent[child] = None
         parent = self._parent.pop(key)
@@ -162,7 +177,10 @@ class PrefixBlockPolicy(BlockPolicy):
             for tick, key in offered:
                 if self._last.get(key) == tick and not self._children[key]:
                     heapq.heappush(self._leaves, (tick, key))
-        yield from self._fallback.victims()  # every leaf is pinned: the rest, LRU
+        # every leaf was kept (pinned): the rest, least recently used first
+        for key in sorted(self._last, key=self._last.__getitem__):
+            if key in self._last:
+                yield key
 
 
 BLOCK_POLICIES: dict[str, Callable[[], BlockPolicy]] = {
