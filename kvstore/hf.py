@@ -22,10 +22,14 @@ Invariants:
 ``kivi_logit_error`` measures what KIVI compression of the stored blocks costs in logits.
 
 Thread-safety: the functions keep no state; one ``DynamicCache`` belongs to one caller.
+``prefill`` runs the model in a worker thread (``asyncio.to_thread``), so the event loop
+keeps serving other tasks during the forward pass; the model must tolerate that (inference
+under ``torch.no_grad`` does).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +95,8 @@ async def prefill(store: KVBlockStore, model: Any, input_ids: torch.Tensor) -> P
     hits = await store.lookup(hashes) if hashes else 0
     blocks = torch.empty((hits, *fingerprint.block_shape), dtype=fingerprint.torch_dtype)
     loaded = await store.load(hashes[:hits], blocks) if hits else 0
-    output, cached_tokens = _run_rest(model, input_ids, blocks[:loaded])
+    # in a worker thread: the loop goes on serving other callers' loads meanwhile
+    output, cached_tokens = await asyncio.to_thread(_run_rest, model, input_ids, blocks[:loaded])
     stored = 0
     if len(hashes) > loaded:
         new = blocks_from_cache(output.past_key_values, loaded, len(hashes) - loaded, fingerprint)
