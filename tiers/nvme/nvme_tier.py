@@ -182,7 +182,9 @@ class NvmeTier(NvmeReads, NvmeWrites, Tier):
             # LMDB fsyncs its files, not their names: make catalog/ and its files findable.
             for path in (catalog_path, self.directory):
                 await runtime.run_blocking(fsync_directory, env, path)
-            self._space = ExtentSpace(engine, self.directory, self.extent_file_bytes, self.direct)
+            self._space = ExtentSpace(
+                engine, self.directory, self.extent_file_bytes, self.direct, self.capacity_bytes
+            )
             used = (
                 (key, e.file_index, e.offset_bytes, self._entry_bytes(e))
                 for key, e in self._catalog.entries.items()

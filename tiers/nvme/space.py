@@ -81,7 +81,14 @@ def extent_file_name(index: int) -> str:
 class ExtentSpace:
     """Extent files under ``directory``, each growing to ``file_bytes`` (or one record)."""
 
-    def __init__(self, engine: IOEngine, directory: str, file_bytes: int, direct: bool) -> None:
+    def __init__(
+        self,
+        engine: IOEngine,
+        directory: str,
+        file_bytes: int,
+        direct: bool,
+        limit_bytes: int | None = None,
+    ) -> None:
         if file_bytes % RECORD_ALIGNMENT_BYTES or not 0 < file_bytes < FILE_STRIDE_BYTES:
             raise InvalidArgumentError(
                 f"extent files must be a positive multiple of 4 KiB below 1 TiB: {file_bytes}"
@@ -90,6 +97,9 @@ class ExtentSpace:
         self.directory = directory
         self.file_bytes = file_bytes
         self.grow_bytes = min(file_bytes, GROW_STEP_BYTES)
+        # Growth ahead of need stops at the tier's capacity, so its files never hold more disk
+        # than it may use (only records with headers, larger than what they charge, go past).
+        self.limit_bytes = limit_bytes
         self.direct = direct
         self.files: dict[int, FileHandle] = {}
         self.sizes: dict[int, int] = {}  # usable bytes of each file (a multiple of 4 KiB)
@@ -214,9 +224,17 @@ class ExtentSpace:
             end = self.sizes[last]
             missing = size_bytes - self._space.free_before(self.address_of(last, end))
             if end + missing <= self.file_bytes:
-                size = min(self.file_bytes, end + max(missing, self.grow_bytes))
+                size = min(self.file_bytes, end + max(missing, self._ahead_bytes()))
                 return [await self._extend_file(last, size)]
-        return [await self._add_file(max(self.grow_bytes, size_bytes))]
+        return [await self._add_file(max(self._ahead_bytes(), size_bytes))]
+
+    def _ahead_bytes(self) -> int:
+        """How far a growth may run ahead of the extent that needs it."""
+        if self.limit_bytes is None:
+            return self.grow_bytes
+        room = self.limit_bytes - sum(self.sizes.values())
+        room -= room % RECORD_ALIGNMENT_BYTES
+        return max(0, min(self.grow_bytes, room))
 
     async def _extend_file(self, index: int, size_bytes: int) -> tuple[int, int]:
         """Preallocate file ``index`` up to ``size_bytes`` and make that durable; returns the
