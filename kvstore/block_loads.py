@@ -66,7 +66,8 @@ class BlockLoads:
         loaded = await self._read(chain, keys, [staging[i] for i in range(count)])
         if self.compression is not None:
             decoded = torch.empty((loaded, *self.fingerprint.block_shape), dtype=into.dtype)
-            self.compression.decode_many(staging[:loaded], decoded)
+            encoded = self.compression.encoded_bytes(self.fingerprint)  # before the padding
+            self.compression.decode_many(staging[:loaded, :encoded], decoded)
             into[:loaded].copy_(decoded)
         else:
             raw = staging[:loaded].view(self.fingerprint.torch_dtype)

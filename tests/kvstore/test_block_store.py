@@ -200,3 +200,27 @@ def test_the_sync_store_serves_many_threads(tmp_path: Path) -> None:
         with ThreadPoolExecutor(4) as pool:
             assert all(pool.map(worker, [f"t{i}" for i in range(8)]))
         assert len(store) == 24 and store.stats()["stored_blocks"] == 24
+
+
+def test_a_compressed_store_round_trips_within_the_codec_error(tmp_path: Path) -> None:
+    from kvstore.kivi import KiviCodec
+
+    codec = KiviCodec(bits=4, residual_tokens=4, group_tokens=4)
+    assert codec.encoded_bytes(FP) % 4096  # so the store pads each object to a page
+
+    async def body() -> None:
+        store = await _open(tmp_path, compression=codec)
+        assert store.object_bytes % 4096 == 0
+        hashes = chain("kivi", 3)
+        blocks = blocks_of(hashes)
+        await store.store(hashes, blocks)
+        into = torch.zeros_like(blocks)
+        assert await store.load(hashes, into) == 3
+        error = (into.float() - blocks.float()).abs()
+        assert 0 < error.max() < 0.5 and torch.equal(into[:, :, :, -4:], blocks[:, :, :, -4:])
+        await store.aclose()
+        plain = await _open(tmp_path)  # another namespace: raw blocks never meet codec ones
+        assert await plain.lookup(hashes) == 0
+        await plain.aclose()
+
+    run(body())
