@@ -1,0 +1,1 @@
+"""The KV-cache store's benchmark (issue 17): ``python -m benchmarks.kvstore.cache [--quick]``."""
