@@ -18,16 +18,29 @@ finite in float16 (|x| > 65504, inf, nan) cannot be represented: ``InvalidArgume
 per byte, code ``i`` at bit offset ``(i % per_byte) * bits`` of byte ``i // per_byte`` (little
 end first); a short last byte is zero-padded. ``unpack_codes`` is its inverse.
 
+``encode_layers`` / ``decode_layers`` apply these to a run of whole layers of one or more
+blocks, reading or writing the seven byte sections that ``kvstore.kivi`` documents.
+
 Thread-safety: pure functions of their inputs; no shared state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from tiers import InvalidArgumentError
 
-__all__ = ["dequantise_groups", "pack_codes", "packed_len", "quantise_groups", "unpack_codes"]
+__all__ = [
+    "decode_layers",
+    "dequantise_groups",
+    "encode_layers",
+    "pack_codes",
+    "packed_len",
+    "quantise_groups",
+    "unpack_codes",
+]
 
 _NEG_INF = float("-inf")
 _POS_INF = float("inf")
@@ -63,6 +76,22 @@ def _parts(x: torch.Tensor, axis: int, group: int) -> list[tuple[torch.Tensor, i
     return parts
 
 
+def _fold(x: torch.Tensor, dim: int, op: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Reduce ``dim`` of ``x`` with ``op`` (``torch.minimum`` / ``maximum``) by halving it.
+
+    Elementwise halves run 1.3x (inner axis) to 3.5x (outer axis) as fast as ``aminmax`` on
+    these shapes; both propagate nan, which the range check then refuses."""
+    while x.shape[dim] > 1:
+        size = x.shape[dim]
+        half = size // 2
+        folded = op(x.narrow(dim, 0, half), x.narrow(dim, half, half))
+        if size % 2:
+            first = folded.narrow(dim, 0, 1)
+            op(first, x.narrow(dim, size - 1, 1), out=first)
+        x = folded
+    return x.squeeze(dim)
+
+
 def _group_stats(stats: torch.Tensor, axis: int, first: int, groups: int) -> torch.Tensor:
     """Per-group ``stats [..., ngroups, ...]`` shaped to broadcast against one part's view."""
     return stats.narrow(axis, first, groups).unsqueeze(axis + 1)
@@ -78,9 +107,9 @@ def quantise_groups(
         x = x.float()  # float8: no min/max or arithmetic kernels of its own
     levels = (1 << bits) - 1
     x_parts = _parts(x, axis, group)
-    pairs = [torch.aminmax(part, dim=axis + 1) for part, _, _ in x_parts]
-    low = torch.cat([pair[0] for pair in pairs], dim=axis).float()
-    high = torch.cat([pair[1] for pair in pairs], dim=axis).float()
+    low = torch.cat([_fold(part, axis + 1, torch.minimum) for part, _, _ in x_parts], dim=axis)
+    high = torch.cat([_fold(part, axis + 1, torch.maximum) for part, _, _ in x_parts], dim=axis)
+    low, high = low.float(), high.float()
     # Comparisons with nan are false, so this also rejects nan; within +-65504 both the
     # rounded-down zero and the rounded-up scale (span / 3 at most) stay finite.
     if not bool(((low >= -_HALF_MAX) & (high <= _HALF_MAX)).all()):
@@ -153,3 +182,61 @@ def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     mask = (1 << bits) - 1
     lanes = (packed.unsqueeze(-1) >> shifts).bitwise_and_(mask)
     return lanes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count]
+
+
+def encode_layers(
+    blocks: torch.Tensor,
+    quant: int,
+    bits: int,
+    groups: tuple[int, int],
+    sections: Sequence[torch.Tensor],
+) -> None:
+    """Encode ``blocks [m, l, 2, T, H, D]`` (its first ``quant`` tokens quantised with key
+    and value group sizes ``groups``) into ``sections``, seven uint8 ``[m, bytes]`` views."""
+    count = blocks.shape[0]
+    if quant:
+        codes = torch.empty(
+            (count, blocks.shape[1], quant, *blocks.shape[4:]),
+            dtype=torch.uint8,
+            device=blocks.device,
+        )
+        # keys: groups along the token axis (2 of [m, l, Q, H, D]); values: along head_dim
+        for kv, axis in ((0, 2), (1, 4)):
+            scale, zero = quantise_groups(blocks[:, :, kv, :quant], bits, groups[kv], axis, codes)
+            pack_codes(codes.reshape(count, -1), bits, sections[3 * kv])
+            sections[3 * kv + 1].copy_(scale.reshape(count, -1).view(torch.uint8))
+            sections[3 * kv + 2].copy_(zero.reshape(count, -1).view(torch.uint8))
+    residual = blocks[:, :, :, quant:].contiguous().view(torch.uint8)
+    sections[6].copy_(residual.reshape(count, -1))
+
+
+def decode_layers(
+    sections: Sequence[torch.Tensor],
+    quant: int,
+    bits: int,
+    groups: tuple[int, int],
+    residual_dtype: torch.dtype,
+    out: torch.Tensor,
+) -> None:
+    """Inverse of ``encode_layers``: fill ``out [m, l, 2, T, H, D]`` from ``sections``."""
+    count, layers, _, tokens, heads, head_dim = out.shape
+    if quant:
+        code_shape = [count, layers, quant, heads, head_dim]
+        for kv, axis in ((0, 2), (1, 4)):
+            packed, scale, zero = sections[3 * kv : 3 * kv + 3]
+            codes = unpack_codes(packed, bits, layers * quant * heads * head_dim)
+            stats_shape = list(code_shape)
+            stats_shape[axis] = -(-code_shape[axis] // groups[kv])
+            dequantise_groups(
+                codes.reshape(code_shape),
+                scale.view(torch.float16).reshape(stats_shape),
+                zero.view(torch.float16).reshape(stats_shape),
+                groups[kv],
+                axis,
+                out[:, :, kv, :quant],
+            )
+    if quant < tokens:
+        residual = sections[6].view(residual_dtype)
+        out[:, :, :, quant:].copy_(
+            residual.reshape(count, layers, 2, tokens - quant, heads, head_dim)
+        )

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore import kivi
 from kvstore.fingerprint import ModelFingerprint
 from kvstore.kivi import KiviCodec
 from tiers import InvalidArgumentError
@@ -323,3 +324,27 @@ def test_bad_data_is_refused() -> None:
         codec.decode_many(encoded.unsqueeze(0), torch.empty(2, *block.shape))
     with pytest.raises(InvalidArgumentError):  # an integer out
         codec.decode(encoded, torch.empty(block.shape, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    ("shape", "bits", "chunk_elements"),
+    [
+        ((3, 4, 2, 40, 2, 24), 4, 2000),  # runs of 1 layer (a layer is 3840 elements)
+        ((3, 4, 2, 39, 2, 4), 2, 2000),  # runs of 3 + 1 layers
+        ((6, 4, 2, 41, 1, 3), 4, 2000),  # runs of 2 whole blocks
+        ((3, 4, 2, 41, 1, 3), 4, 300),  # a layer's codes end mid-byte: whole blocks, not layers
+    ],
+)
+def test_runs_of_layers_or_blocks_equal_one_pass(
+    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], bits: int, chunk_elements: int
+) -> None:
+    blocks = _block(shape, torch.bfloat16)
+    codec = KiviCodec(bits, 8, 16)
+    whole = codec.encode_many(blocks)
+    decoded_whole = torch.empty(shape, dtype=torch.float32)
+    codec.decode_many(whole, decoded_whole)
+    monkeypatch.setattr(kivi, "_CHUNK_ELEMENTS", chunk_elements)
+    assert torch.equal(codec.encode_many(blocks), whole)
+    decoded = torch.empty(shape, dtype=torch.float32)
+    codec.decode_many(whole, decoded)
+    assert torch.equal(decoded, decoded_whole)
