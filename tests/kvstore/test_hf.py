@@ -25,7 +25,6 @@ from kvstore.hf_cache import blocks_from_cache
 from kvstore.kivi import KiviCodec
 from kvstore.sync_store import SyncKVBlockStore
 from kvstore.testing import make_tiny_llama
-from tiers import InvalidArgumentError
 
 BLOCK_TOKENS = 32
 DISK_BYTES = 16 << 20
@@ -248,11 +247,6 @@ def test_kivi_logit_error(model: Any) -> None:
         kivi_logit_error(model, prompt, KiviCodec(bits=4))  # 32-token residual: no quantising
 
 
-@pytest.mark.xfail(
-    raises=InvalidArgumentError,
-    reason="KVBlockStore.load hands the codec page-padded rows (8192 bytes, not 5144); "
-    "with the padding cut off this passes",
-)
 def test_a_kivi_compressed_store_costs_what_kivi_logit_error_says(
     model: Any, fingerprint: ModelFingerprint, tmp_path: Path
 ) -> None:
