@@ -1,18 +1,21 @@
 """Group quantisation and bit packing: the arithmetic under ``kvstore.kivi``.
 
-``quantise_groups`` quantises the last axis of a float32 tensor in groups of ``group`` elements
-(the last group may be shorter: it is padded by repeating the row's last element, which leaves
-its min and max unchanged, and the padded codes are dropped). Per group, asymmetric:
+``quantise_groups`` quantises one axis of a float tensor in groups of ``group`` consecutive
+elements; when the axis length is not a multiple of ``group`` the last group is shorter and
+has its own scale and zero (full groups and the ragged one are two broadcast views, so
+nothing is padded or copied for it). Per group, asymmetric:
 
-    zero  = min rounded DOWN to float16          (zero <= every element)
+    zero  = min rounded DOWN to float16                   (zero <= every element)
     scale = (max - zero) / levels rounded UP to float16   (zero + levels * scale >= max)
-    code  = clamp(round((x - zero) / scale), 0, levels)   (code 0 where scale == 0)
-    x'    = zero + code * scale                   (float32)
+    code  = floor((x - zero) / scale + 0.5)               (code 0 where scale == 0)
+    x'    = zero + code * scale                           (float32)
 
 with ``levels = 2**bits - 1``. Rounding the zero down and the scale up keeps every element
-inside the representable range, so ``|x - x'| <= scale / 2`` (up to float32 rounding) holds
-for the stored float16 scale, not only for the exact one. A group whose min or max is not
-finite in float16 (|x| > 65504, inf, nan) cannot be represented: ``InvalidArgumentError``.
+inside the representable range, so codes need no clamp and ``|x - x'| <= scale / 2`` (up to
+float32 rounding) holds for the stored float16 pair, not only for exact ones. ``scale == 0``
+only where every element equals ``zero``, so those groups are exact. A group whose min or
+max is not finite in float16 (|x| > 65504, inf, nan) cannot be represented:
+``InvalidArgumentError``.
 
 ``pack_codes`` packs codes of ``bits`` bits (2 or 4) along the last axis, ``8 // bits`` codes
 per byte, code ``i`` at bit offset ``(i % per_byte) * bits`` of byte ``i // per_byte`` (little
@@ -121,10 +124,12 @@ def quantise_groups(
     zero32, scale32 = zero.float(), scale.float()
     inverse = torch.where(scale32 > 0, scale32.reciprocal(), torch.zeros_like(scale32))
     # code = floor((x - zero) / scale + 0.5). zero <= x <= zero + levels * scale, so the sum
-    # lies in [0.5, levels + 0.5] up to rounding and the float -> uint8 cast needs no clamp.
-    # 16-bit inputs take one fused pass, bias + x * inverse: |zero| / scale <= levels * 2**11
-    # there, so float32 rounding stays below 1/100 of a step. float32 inputs can have a range
-    # far below their magnitude, so they subtract first (exact by Sterbenz for close values).
+    # lies in [0.5, levels + 0.5] up to rounding and the float -> uint8 cast needs no clamp
+    # (a negative float cast to uint8 is undefined). 16-bit inputs take one fused pass, bias +
+    # x * inverse: a group spans at least one input ulp, so |zero| / scale <= levels * 2**11
+    # and float32 rounding moves the sum by < 1/100. A float32 group can be narrow next to its
+    # offset (|zero| / scale up to levels * 2**24), where the fused sum could round below 0;
+    # subtracting first is exact there (Sterbenz), so float32 takes that path.
     fused = x.dtype != torch.float32
     bias = torch.addcmul(torch.full_like(zero32, 0.5), zero32, inverse, value=-1)
     for (part, first, groups), (code_part, _, _) in zip(
