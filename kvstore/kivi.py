@@ -247,7 +247,8 @@ class KiviCodec:
                 f"KIVI data rows are {data.shape[1]} bytes; {tuple(out.shape[1:])} {dtype} "
                 f"encodes to {layout.total_bytes}"
             )
-        data = data.contiguous()
+        if data.stride(-1) != 1 or data.stride(0) % 8:  # sections are read as float16 views
+            data = data.contiguous()
         expected = torch.frombuffer(bytearray(layout.header), dtype=torch.uint8).to(data.device)
         if not bool((data[:, :_HEADER_BYTES] == expected).all()):
             raise InvalidArgumentError(

@@ -256,6 +256,20 @@ def test_decode_fills_a_strided_out() -> None:
     assert torch.equal(whole[1], direct) and not whole[0].any() and not whole[2].any()
 
 
+@pytest.mark.parametrize("row_bytes_padding", [0, 3, 4096])
+def test_decode_reads_rows_of_a_padded_buffer(row_bytes_padding: int) -> None:
+    blocks = _block((3, 2, 2, 40, 2, 16), torch.bfloat16)
+    codec = KiviCodec(4, 8, 16)
+    encoded = codec.encode_many(blocks)
+    staging = torch.zeros(3, encoded.shape[1] + row_bytes_padding, dtype=torch.uint8)
+    staging[:, : encoded.shape[1]] = encoded  # as a store reads page-padded objects
+    expected = torch.empty(blocks.shape, dtype=torch.float32)
+    codec.decode_many(encoded, expected)
+    decoded = torch.empty(blocks.shape, dtype=torch.float32)
+    codec.decode_many(staging[:, : encoded.shape[1]], decoded)
+    assert torch.equal(decoded, expected)
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_batch_helpers_equal_the_single_block_path(bits: int) -> None:
     blocks = _block((5, 2, 2, 40, 2, 24), torch.bfloat16)
