@@ -212,7 +212,9 @@ class KiviCodec:
             )
         layout = self._layout_for(tuple(blocks.shape[1:]), blocks.dtype)
         count = blocks.shape[0]
-        encoded = torch.zeros(count, layout.total_bytes, dtype=torch.uint8, device=blocks.device)
+        encoded = torch.empty(count, layout.total_bytes, dtype=torch.uint8, device=blocks.device)
+        for offset, size in layout.sections:  # the padding after each section is zero
+            encoded[:, offset + size : _align8(offset + size)] = 0
         encoded[:, :_HEADER_BYTES] = torch.frombuffer(bytearray(layout.header), dtype=torch.uint8)
         for rows, layers, spans in _chunks(layout, count):
             sections = [encoded[rows, start:stop] for start, stop in spans]

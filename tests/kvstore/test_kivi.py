@@ -374,3 +374,15 @@ def test_runs_of_layers_or_blocks_equal_one_pass(
     decoded = torch.empty(shape, dtype=torch.float32)
     codec.decode_many(whole, decoded)
     assert torch.equal(decoded, decoded_whole)
+
+
+def test_padding_between_sections_is_zero() -> None:
+    codec = KiviCodec(4, 8, 16)
+    shape = (1, 2, 41, 1, 3)  # 33 x 3 quantised codes: 50 bytes, then 6 of padding
+    layout = codec._layout_for(shape, torch.float32)
+    gaps = [(o + n, kivi._align8(o + n)) for o, n in layout.sections]
+    assert any(start < stop for start, stop in gaps)
+    for _ in range(3):  # fresh buffers each time, so garbage would show
+        encoded = codec.encode(_block(shape, torch.float32) + 100)
+        for start, stop in gaps:
+            assert not encoded[start:stop].any()
