@@ -1,0 +1,106 @@
+"""The NVMe floor: fio reading and writing the bytes an AdamW step moves, at our block size.
+
+A step over N parameters reads and writes the fp32 master weights and Adam's two moments:
+``12 * N`` bytes each way. fio moves the same bytes with O_DIRECT (io_uring, like the tiers I/O
+core) at the block size of our subgroup I/O, two ways:
+
+* ``overlapped``: one fio run, a reader and a writer at once on two files, as our pipeline reads
+  subgroup i+1 while writing i-1; its time is the slower job's runtime;
+* ``serial``: a read run then a write run, times added.
+
+The floor is the lower of the two (the device may do better one way or the other). Files are
+written with real data first (``ensure_data_file``: unwritten extents read as zeros without
+touching the device) and overwritten in place, as a steady-state step overwrites its state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.fio import ensure_fio
+from benchmarks.common.measure import ensure_data_file
+
+__all__ = ["IoFloor", "measure_io_floor", "step_io_bytes"]
+
+STATE_BYTES_PER_PARAM = 12  # fp32 master + exp_avg + exp_avg_sq
+
+
+@dataclass(frozen=True)
+class IoFloor:
+    bytes_each_way: int
+    block_size_bytes: int
+    queue_depth: int
+    overlapped_s: float
+    serial_s: float
+
+    @property
+    def floor_s(self) -> float:
+        return min(self.overlapped_s, self.serial_s)
+
+
+def step_io_bytes(params: int, block_size_bytes: int) -> int:
+    """Bytes read (and written) by one step, rounded up to whole blocks for fio."""
+    raw = STATE_BYTES_PER_PARAM * params
+    return -(-raw // block_size_bytes) * block_size_bytes
+
+
+def _job(name: str, rw: str, path: Path, size: int, bs: int, qd: int) -> list[str]:
+    return [
+        f"--name={name}",
+        f"--filename={path}",
+        f"--rw={rw}",
+        f"--size={size}",
+        f"--bs={bs}",
+        f"--iodepth={qd}",
+        "--ioengine=io_uring",
+        "--direct=1",
+    ]
+
+
+def _run_fio(fio: str, jobs: list[list[str]]) -> list[float]:
+    """Runtime in seconds of each job of one fio run (jobs start together)."""
+    command = [fio, "--output-format=json", "--group_reporting=0"]
+    for job in jobs:
+        command += job
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    report: dict[str, Any] = json.loads(done.stdout[done.stdout.find("{") :])
+    runtimes_s = []
+    for job_report in report["jobs"]:
+        if job_report.get("error"):
+            raise RuntimeError(f"fio job error {job_report['error']}")
+        side = job_report["write"] if job_report["write"]["io_bytes"] else job_report["read"]
+        runtimes_s.append(float(side["runtime"]) / 1000.0)
+    return runtimes_s
+
+
+def measure_io_floor(
+    directory: Path, params: int, block_size_bytes: int, queue_depth: int = 8
+) -> IoFloor:
+    """fio's time to read and to write ``12 * params`` bytes in ``directory`` (files kept there
+    for the next round; the caller removes the directory)."""
+    fio = ensure_fio()
+    size = step_io_bytes(params, block_size_bytes)
+    read_path = directory / f"floor-read-{size}.bin"
+    write_path = directory / f"floor-write-{size}.bin"
+    ensure_data_file(read_path, size)
+    ensure_data_file(write_path, size)
+    read = _job("read", "read", read_path, size, block_size_bytes, queue_depth)
+    write = _job("write", "write", write_path, size, block_size_bytes, queue_depth)
+    overlapped_s = max(_run_fio(fio, [read, write]))
+    serial_s = _run_fio(fio, [read])[0] + _run_fio(fio, [write])[0]
+    return IoFloor(size, block_size_bytes, queue_depth, overlapped_s, serial_s)
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parents[1] / "out") as scratch:
+        floor = measure_io_floor(Path(scratch), int(sys.argv[1]), int(sys.argv[2]))
+        print(floor, floor.floor_s)

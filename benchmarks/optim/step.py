@@ -1,0 +1,171 @@
+"""AdamW step time and peak host RSS: torch in memory, ours (DRAM, NVMe), fio's floor, DeepSpeed.
+
+``python -m benchmarks.optim.step [--quick]`` (run it under ``flock /tmp/tierkit-bench.lock``).
+Full mode: 100M and 500M parameters (``--sizes`` adds 1000m where RAM and disk allow: 16 bytes per
+parameter of state in memory, 12 on disk, twice that for fio's files); ``--quick``: 20M, about
+two minutes, DeepSpeed only if .venv-deepspeed exists (full mode builds it first, cached).
+
+Per size, ``--rounds`` rounds (at least 2), the order of systems reversed every other round;
+every system steps in a fresh process with the same thread count (``torch.set_num_threads`` and
+``OMP_NUM_THREADS``), ``--warmup`` untimed steps then ``--steps`` timed ones. The last stdout line
+is the JSON summary (``benchmarks/out/optim-step.json`` keeps a copy); logs of every child go to
+benchmarks/out/optim-logs/. Exactness (``exact.py``) runs first, in this process, at 1.5M params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.paths import OUT_DIR, REPO_ROOT
+from benchmarks.common.scratch import remove_at_exit
+from benchmarks.optim.children import ChildFailed, run_child
+from benchmarks.optim.exact import check_exact
+from benchmarks.optim.io_floor import measure_io_floor
+from benchmarks.optim.summary import TARGETS, headline, summarize_size
+
+DS_VENV = REPO_ROOT / ".venv-deepspeed"
+DS_STAMP = DS_VENV / ".tierkit-deepspeed-requirements"
+SYSTEMS = ["torch", "ours-dram", "ours-nvme", "fio-floor", "deepspeed-cpu", "deepspeed-nvme"]
+_CHILD_TIMEOUT_S = 1800.0
+
+
+def parse_size(text: str) -> int:
+    scale = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}.get(text[-1].lower(), 1)
+    return int(float(text.rstrip("kmbgKMBG")) * scale)
+
+
+def deepspeed_ready(build: bool) -> str | None:
+    """None when the DeepSpeed venv can run, else why not (building it first when ``build``)."""
+    if build:
+        done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "deepspeed_venv.sh")])
+        if done.returncode != 0:
+            return f"scripts/deepspeed_venv.sh failed ({done.returncode})"
+    if not DS_STAMP.exists():
+        return "no .venv-deepspeed (run scripts/deepspeed_venv.sh)"
+    return None
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env["TORCH_EXTENSIONS_DIR"] = str(DS_VENV / "torch_extensions")
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def run_system(
+    system: str, params: int, args: argparse.Namespace, scratch: Path, tag: str
+) -> dict[str, Any]:
+    """One round of one system: its record (peak RSS: the child's own VmHWM)."""
+    if system == "fio-floor":
+        floor = measure_io_floor(scratch / "fio", params, args.subgroup_bytes)
+        return {
+            "step_s": [floor.floor_s],
+            "peak_rss_bytes": 0,
+            "overlapped_s": floor.overlapped_s,
+            "serial_s": floor.serial_s,
+            "bytes_each_way": floor.bytes_each_way,
+            "block_size_bytes": floor.block_size_bytes,
+            "queue_depth": floor.queue_depth,
+        }
+    state_dir = scratch / f"{system}-state"
+    shutil.rmtree(state_dir, ignore_errors=True)
+    state_dir.mkdir(parents=True)
+    common = [f"--params={params}", f"--warmup={args.warmup}", f"--steps={args.steps}"]
+    common += [f"--threads={args.threads}", f"--subgroup-bytes={args.subgroup_bytes}"]
+    common += [f"--directory={state_dir}"]
+    if system.startswith("deepspeed-"):
+        python = str(DS_VENV / "bin" / "python")
+        device = system.removeprefix("deepspeed-")
+        command = [python, "-m", "benchmarks.optim.deepspeed_peer", f"--device={device}"]
+    else:
+        command = [sys.executable, "-m", "benchmarks.optim.worker", f"--system={system}"]
+    log_path = OUT_DIR / "optim-logs" / f"{tag}-{system}.log"
+    try:
+        result = run_child(
+            command + common, child_env(args.threads), log_path, _CHILD_TIMEOUT_S, REPO_ROOT
+        )
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    record = dict(result.record)
+    record["wait4_maxrss_bytes"] = result.wait4_maxrss_bytes
+    record["wall_s"] = result.wall_s
+    return record
+
+
+def measure_size(params: int, systems: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    scratch = remove_at_exit(OUT_DIR / "optim-scratch", args.keep_data)
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    failures: dict[str, str] = {}
+    for round_index in range(args.rounds):
+        order = systems if round_index % 2 == 0 else systems[::-1]
+        for system in order:
+            if system in failures:
+                continue
+            tag = f"{params // 10**6}m-r{round_index}"
+            print(f"[optim.step] {tag} {system} ...", file=sys.stderr, flush=True)
+            try:
+                record = run_system(system, params, args, scratch, tag)
+            except (ChildFailed, RuntimeError) as failure:
+                failures[system] = str(failure).splitlines()[0]
+                print(f"[optim.step] {system} failed: {failure}", file=sys.stderr, flush=True)
+                continue
+            samples[system].append(record)
+            print(f"[optim.step]   step_s {record['step_s']}", file=sys.stderr, flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return summarize_size(params, samples, failures)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="20M params, about two minutes")
+    parser.add_argument("--sizes", default=None, help="comma list, e.g. 100m,500m,1000m")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--subgroup-bytes", type=int, default=64 << 20)
+    parser.add_argument("--no-deepspeed", action="store_true")
+    parser.add_argument("--keep-data", action="store_true")
+    args = parser.parse_args(argv)
+    sizes_text = args.sizes or ("20m" if args.quick else "100m,500m")
+    sizes = [parse_size(text) for text in sizes_text.split(",")]
+    systems = list(SYSTEMS)
+    ds_absent = "--no-deepspeed" if args.no_deepspeed else deepspeed_ready(build=not args.quick)
+    if ds_absent:
+        systems = [name for name in systems if not name.startswith("deepspeed-")]
+        print(f"[optim.step] DeepSpeed skipped: {ds_absent}", file=sys.stderr, flush=True)
+    exact_dir = remove_at_exit(OUT_DIR / "optim-exact", args.keep_data)
+    shutil.rmtree(exact_dir, ignore_errors=True)
+    exact_runs = [check_exact("dram", None), check_exact("nvme", exact_dir / "nvme")]
+    shutil.rmtree(exact_dir, ignore_errors=True)
+    by_size = {f"{p // 10**6}m": measure_size(p, systems, args) for p in sizes}
+    primary = f"{max(sizes) // 10**6}m"
+    summary: dict[str, Any] = headline(by_size, primary)
+    summary["exact"] = all(run["exact"] for run in exact_runs)
+    summary |= {"exact_runs": exact_runs, "sizes": by_size, "targets": TARGETS}
+    summary["deepspeed"] = ds_absent or "measured"
+    summary["misses"] = [f"{name}: {m}" for name, s in by_size.items() for m in s["misses"]]
+    if not summary["exact"]:
+        summary["misses"].append("exact: ours differs from torch AdamW")
+    summary["mode"] = "quick" if args.quick else "full"
+    summary["settings"] = {k: v for k, v in vars(args).items() if k != "quick"}
+    summary["machine"] = f"{platform.node()} {platform.release()}, nproc={os.cpu_count()}"
+    summary["date_utc"] = datetime.datetime.now(datetime.UTC).isoformat(" ", "seconds")
+    line = json.dumps(summary)
+    (OUT_DIR / "optim-step.json").write_text(line + "\n")
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
