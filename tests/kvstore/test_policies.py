@@ -1,8 +1,9 @@
-"""Block policies against plain models: the prefix policy is "least recently used leaf"."""
+"""Block policies against plain models: the prefix policy offers the least valuable leaf."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -34,25 +35,47 @@ OPS = st.lists(
 
 @settings(max_examples=400, deadline=None)
 @given(ops=OPS)
-def test_prefix_policy_offers_the_least_recently_used_leaf(ops: list[tuple[str, int]]) -> None:
+def test_prefix_policy_offers_the_least_valuable_leaf(ops: list[tuple[str, int]]) -> None:
     clock = itertools.count()
     last: dict[int, int] = {}
+    hits: dict[int, int] = {}
     parent: dict[int, int | None] = {}
-    for op, node in ops:  # the plain model: a dict of last uses and parent links
+    for op, node in ops:  # the plain model: dicts of last uses, hits and parent links
         if op == "admit":
             if node not in last:
                 parent[node] = node // 2 if node and node // 2 in last else None
+            hits[node] = hits.get(node, 0) + 1
             last[node] = next(clock)
         elif op == "touch" and node in last:
+            hits[node] += 1
             last[node] = next(clock)
         elif op == "forget" and node in last:
-            del last[node], parent[node]
+            del last[node], parent[node], hits[node]
             for child, link in parent.items():  # its children are cut loose
                 if link == node:
                     parent[child] = None
     leaves = [n for n in last if not any(p == n for c, p in parent.items() if c in last)]
-    expected = f"k{min(leaves, key=last.__getitem__)}" if leaves else None
+    value = lambda n: (math.log2(1 + hits[n]), last[n])  # noqa: E731 (no victim yet: clock 0)
+    expected = f"k{min(leaves, key=value)}" if leaves else None
     assert _first_victim("prefix", ops) == expected
+
+
+def test_prefix_policy_keeps_a_reused_leaf_and_ages_it_out() -> None:
+    policy = make_block_policy("prefix")
+    for key in ("hot", "cold1", "cold2", "cold3"):
+        policy.admit(key, None, 0)
+    for _ in range(3):
+        policy.touch("hot")
+    victims = policy.victims()
+    assert [next(victims), next(victims)] == ["cold1", "cold2"]  # older, but hit once
+    for key in ("cold1", "cold2"):
+        policy.forget(key)
+    victims.close()
+    for i in range(8):  # new blocks, each hit twice: the clock has risen past "hot"'s value
+        policy.admit(f"new{i}", None, 0)
+        policy.touch(f"new{i}")
+    order = list(itertools.islice(policy.victims(), 3))
+    assert order[0] == "cold3" and order[1] == "hot"
 
 
 def test_lru_takes_a_chain_root_first_and_prefix_its_leaf() -> None:
