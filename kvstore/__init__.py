@@ -10,12 +10,14 @@ BLOCK_POLICIES    eviction: "lru", "cost", "prefix" (leaves of the prefix tree f
 
 from kvstore.block_store import KVBlockStore
 from kvstore.fingerprint import ModelFingerprint, chain_hashes
+from kvstore.kivi import KiviCodec
 from kvstore.policies import BLOCK_POLICIES, recompute_cost
 from kvstore.sync_store import SyncKVBlockStore
 
 __all__ = [
     "BLOCK_POLICIES",
     "KVBlockStore",
+    "KiviCodec",
     "ModelFingerprint",
     "SyncKVBlockStore",
     "chain_hashes",

@@ -121,10 +121,11 @@ class BlockIndex:
         depths = _depths(parents)
         rebuilt = []
         for block_hash, key in names.items():
-            parent = parents[block_hash]
-            self.blocks[block_hash] = BlockInfo(key, parent, depths[block_hash])
+            parent_hash = parents[block_hash]
+            self.blocks[block_hash] = BlockInfo(key, parent_hash, depths[block_hash])
             self.by_key[key] = block_hash
-            rebuilt.append((key, names.get(parent) if parent else None, depths[block_hash]))
+            parent_key = names.get(parent_hash) if parent_hash else None
+            rebuilt.append((key, parent_key, depths[block_hash]))
         return rebuilt
 
 
