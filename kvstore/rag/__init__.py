@@ -1,0 +1,36 @@
+"""kvstore.rag: the RAG chunk cache. Retrieved chunks' KV reused at any position, with only
+the tokens that matter recomputed.
+
+ChunkCache       chunks' KV on the tiered store (DRAM over NVMe: checksummed, restart-safe),
+                 keyed by token content in the model fingerprint's namespace, evicted by
+                 value (reuses x recompute cost / bytes)
+RopeRotator      exact re-rotation of cached keys to new positions (Llama RoPE and its
+                 linear / llama3 / yarn scalings)
+blend_prefill    selective recompute (CacheBlend's check-layer K deviation, top fraction)
+assemble         system text + cached chunks + question -> a transformers DynamicCache;
+generate         decode on from it with ``model.generate``
+
+Errors: RagError (a tiers.TierkitError), UnsupportedModelError, ChunkShapeError.
+"""
+
+from kvstore.rag.assemble import AssembledPrompt, Segment, assemble, generate
+from kvstore.rag.blend import BlendResult, blend_prefill
+from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo, chunk_hash
+from kvstore.rag.errors import ChunkShapeError, RagError, UnsupportedModelError
+from kvstore.rag.rope import RopeRotator
+
+__all__ = [
+    "AssembledPrompt",
+    "BlendResult",
+    "ChunkCache",
+    "ChunkInfo",
+    "ChunkShapeError",
+    "RagError",
+    "RopeRotator",
+    "Segment",
+    "UnsupportedModelError",
+    "assemble",
+    "blend_prefill",
+    "chunk_hash",
+    "generate",
+]

@@ -1,0 +1,192 @@
+"""Selective recompute: a prefill over reused (re-rotated) KV that recomputes only the tokens
+whose KV the new context changes most.
+
+``blend_prefill`` runs a Llama-style model layer by layer over a prompt of ``n`` tokens where
+some tokens' KV is reused (a chunk computed in another context) and the rest (the question,
+new text, chunks not cached) are fresh. CacheBlend's rule, with the check made cheap:
+
+- layers below ``check_layer`` run every token (their output is what the check needs);
+- at ``check_layer`` every reused token's K and V are projected afresh (two small matmuls,
+  no attention) and the ``recompute_fraction`` of reused tokens whose K deviates most from
+  the reused K (L2 over heads and dims) are selected; the others keep these fresh K and V;
+- from ``check_layer`` on, only the selected and the fresh tokens run; the rest attend as
+  keys and values only. The question and any new text are always computed.
+
+``recompute_fraction`` 1.0 runs every token through every layer with the model's own mask:
+the same operations as a full prefill, so the same KV and logits (tested). 0.0 is pure reuse
+past the check layer.
+
+Work is counted in token-layers (one token through one decoder layer); the K/V projection of
+the check counts as its FLOP share of a layer. ``tokens_computed`` = token-layers / layers, so
+a full prefill of ``n`` tokens computes ``n``.
+
+Thread-safety: free functions; the model must tolerate concurrent inference (no_grad does).
+Only Llama-style decoder layers (``input_layernorm``, ``self_attn.k_proj``/``v_proj``,
+one rotary embedding) with full attention in every layer are supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvstore.rag.errors import UnsupportedModelError
+from kvstore.rag.rope import RopeRotator
+
+__all__ = ["BlendResult", "blend_prefill", "layer_flops"]
+
+
+@dataclass
+class BlendResult:
+    logits: torch.Tensor  # [1, vocab]: the last prompt position's
+    cache: Any  # DynamicCache holding every prompt token's KV
+    tokens_computed: float  # token-layers / layers
+    recomputed: torch.Tensor  # indices of the reused tokens selected for recompute
+
+
+class _ScatterKV:
+    """Stands in for the cache inside a decoder layer: writes the running tokens' K/V at their
+    indices of the layer's full K/V and hands the attention the full tensors."""
+
+    def __init__(self, layers: list[torch.Tensor]) -> None:
+        self.layers = layers  # per layer: [2, 1, kv_heads, n, head_dim]
+        self.index: torch.Tensor | None = None  # the running tokens; None: all
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *_: Any) -> Any:
+        full = self.layers[layer]
+        if self.index is None:
+            full[0], full[1] = keys, values
+        else:
+            full[0][:, :, self.index] = keys
+            full[1][:, :, self.index] = values
+        return full[0], full[1]
+
+
+def layer_flops(config: Any, context_tokens: int) -> tuple[float, float]:
+    """(FLOPs of one token through one decoder layer at ``context_tokens`` of context, FLOPs
+    of its K and V projections alone)."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    projections = 2 * hidden * (2 * heads * head_dim + 2 * kv)
+    mlp = 2 * 3 * hidden * config.intermediate_size
+    attention = 4 * heads * head_dim * context_tokens
+    return float(projections + mlp + attention), float(4 * hidden * kv)
+
+
+def _mask(model: Any, queries: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Additive [1, 1, q, n] mask: query at position i sees keys 0..i."""
+    keys = torch.arange(num_tokens, device=queries.device)
+    allowed = keys.unsqueeze(0) <= queries.unsqueeze(1)
+    mask = torch.zeros(allowed.shape, dtype=model.dtype, device=queries.device)
+    return mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
+
+
+def _fresh_kv(layer: Any, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, ...]) -> Any:
+    """The K (after RoPE) and V the layer would compute for ``hidden`` [1, t, hidden]."""
+    attn = layer.self_attn
+    normed = layer.input_layernorm(hidden)
+    shape = (*normed.shape[:-1], -1, attn.head_dim)
+    keys = attn.k_proj(normed).view(shape)
+    if getattr(attn, "k_norm", None) is not None:  # Qwen3-style per-head norm
+        keys = attn.k_norm(keys)
+    keys = keys.transpose(1, 2)
+    values = attn.v_proj(normed).view(shape).transpose(1, 2)
+    cos, sin = (t.unsqueeze(1) for t in cos_sin)
+    half = keys.shape[-1] // 2
+    rot = cos.shape[-1]
+    turned = (
+        torch.cat((-keys[..., half:rot], keys[..., :half]), dim=-1) if rot == 2 * half else None
+    )
+    if turned is None:
+        raise UnsupportedModelError("partial rotary embeddings are not supported by blend")
+    return keys * cos + turned * sin, values
+
+
+def blend_prefill(
+    model: Any,
+    input_ids: torch.Tensor,
+    reused: torch.Tensor,
+    layer_kv: Callable[[int], torch.Tensor],
+    *,
+    recompute_fraction: float,
+    check_layer: int = 1,
+) -> BlendResult:
+    """Prefill ``input_ids`` ``[1, n]`` reusing the KV of the tokens where ``reused`` ``[n]``
+    (bool) is True: ``layer_kv(l)`` gives layer l's ``[2, kv_heads, n, head_dim]`` with those
+    tokens' K (already rotated to their positions) and V filled in (the rest is ignored).
+    Asked for in layer order, once each, so a caller can stream layers in."""
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    if not 0.0 <= recompute_fraction <= 1.0:
+        raise ValueError(f"recompute_fraction {recompute_fraction} outside [0, 1]")
+    base, config = model.model, model.config.get_text_config(decoder=True)
+    num_layers, n = config.num_hidden_layers, input_ids.shape[1]
+    if not 0 <= check_layer < num_layers:
+        raise ValueError(f"check_layer {check_layer} of a {num_layers}-layer model")
+    device = model.device
+    reused = reused.to(device)
+    reused_idx = torch.nonzero(reused).flatten()
+    fresh_idx = torch.nonzero(~reused).flatten()
+    if recompute_fraction >= 1.0 or reused_idx.numel() == 0:
+        check_layer = num_layers  # every token through every layer: a full prefill
+    positions = torch.arange(n, device=device).unsqueeze(0)
+    per_token, projection = layer_flops(config, n // 2)
+    RopeRotator(model)  # refuses a length-dependent RoPE before any work
+    if bool(reused[-1]):
+        raise ValueError("the prompt's last token must be fresh (the question), not reused")
+    with torch.no_grad():
+        hidden = base.embed_tokens(input_ids.to(device))
+        full_pe = base.rotary_emb(hidden, position_ids=positions)
+        full_mask = create_causal_mask(
+            config=config, inputs_embeds=hidden, attention_mask=None,
+            past_key_values=None, position_ids=positions,
+        )  # fmt: skip
+        shapes = (
+            2,
+            1,
+            config.num_key_value_heads,
+            n,
+            hidden.shape[-1] // config.num_attention_heads,
+        )
+        kv = _ScatterKV([])
+        token_layers = 0.0
+        active = torch.arange(n, device=device)
+        pe, mask = full_pe, full_mask
+        selected = reused_idx[:0]
+        for index, layer in enumerate(base.layers[:num_layers]):
+            full = torch.empty(shapes, dtype=model.dtype, device=device)
+            if index >= check_layer:
+                stored = layer_kv(index).to(device=device, dtype=model.dtype)
+                full[:, 0] = stored
+            if index == check_layer:  # project every reused token's K/V; pick the worst
+                keys, values = _fresh_kv(layer, hidden[:, reused_idx], _take(full_pe, reused_idx))
+                deviation = (keys - full[0][:, :, reused_idx]).pow(2).sum((0, 1, 3))
+                count = round(recompute_fraction * reused_idx.numel())
+                selected = reused_idx[torch.topk(deviation, count).indices.sort().values]
+                full[0][:, :, reused_idx], full[1][:, :, reused_idx] = keys, values
+                token_layers += reused_idx.numel() * projection / per_token
+                active = torch.cat((selected, fresh_idx)).sort().values
+                hidden = hidden[:, active]  # every token ran so far: index = position
+                pe, mask = _take(full_pe, active), _mask(model, active, n)
+            kv.layers.append(full)
+            kv.index = None if active.numel() == n else active
+            hidden = layer(
+                hidden, attention_mask=mask, position_ids=positions[:, active],
+                past_key_values=kv, use_cache=True, position_embeddings=pe,
+            )  # fmt: skip
+            token_layers += active.numel()
+        last = base.norm(hidden[:, -1:])
+        logits = model.lm_head(last)[:, -1]
+        cache = DynamicCache(config=model.config)
+        for index, full in enumerate(kv.layers):
+            cache.update(full[0].contiguous(), full[1].contiguous(), index)
+    return BlendResult(logits, cache, token_layers / num_layers, selected)
+
+
+def _take(pe: tuple[torch.Tensor, ...], index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(t[:, index] for t in pe)

@@ -1,0 +1,307 @@
+"""ChunkCache: retrieved chunks' KV on the tiered store, keyed by content, evicted by value.
+
+A chunk is a variable number of tokens, so it is stored as ONE object of a ``TieredStore``
+(not padded into fixed ``KVBlockStore`` blocks: a 100-token chunk in 32-token blocks would
+waste up to a block each and need a chain per chunk for no prefix semantics). The NVMe tier
+gives the object a checksum, verified on every read, and a durable catalog, so the cache
+survives a restart; the DRAM tier above keeps hot chunks in memory.
+
+Object (byte-level spec, the one place it is written and read)::
+
+    key    rag/<namespace: 16 hex>/<sha256 of the token ids: 64 hex>/<tokens>/<position>
+    bytes  header: 4096 bytes, JSON (see ``_header``) padded with spaces
+           KV: [layers, 2 (K, V), kv_heads, tokens, head_dim] in the fingerprint's dtype, C
+           order (one layer is one contiguous byte range: per-layer loads), padded to 4 KiB
+
+The namespace is the model fingerprint's digest, so one model never reads another's chunks;
+the token count and the position the KV was computed at are in the key, so a reopen rebuilds
+the index from the key list without reading a byte. The header repeats them with per-layer
+key/value RMS and is checked on every load.
+
+Eviction by value, not recency: GreedyDual-Size-Frequency, priority = clock + (hits + 1) x
+recompute cost / bytes, where the cost is the chunk's prefill FLOPs relative to a block's
+(``kvstore.recompute_cost`` per 32 tokens of context); the clock rises to each victim's
+priority so that long-idle chunks age out. A corrupt object (checksum or header) is dropped,
+counted, and reported as a miss: the caller recomputes, never uses it.
+
+Concurrency: one asyncio loop (the one that opened it); writes (put, drop) hold a lock;
+lookups take none; loads take none and a chunk evicted while it loads reads as a miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvstore.fingerprint import ModelFingerprint
+from kvstore.policies import recompute_cost
+from kvstore.rag.errors import ChunkShapeError
+from tiers import CorruptionError, InvalidArgumentError, TieredStore, open_store
+from tiers.io import IORuntime
+
+__all__ = ["ChunkCache", "ChunkInfo", "chunk_hash"]
+
+HEADER_BYTES = 4096
+_PAGE_BYTES = 4096
+_MAGIC = "tierkit-rag-chunk-1"
+
+
+def chunk_hash(token_ids: Sequence[int]) -> bytes:
+    """sha256 over the chunk's token ids (8 bytes each, little-endian): stable everywhere."""
+    digest = hashlib.sha256(b"tierkit-rag")
+    for token in token_ids:
+        digest.update(int(token).to_bytes(8, "little", signed=True))
+    return digest.digest()
+
+
+@dataclass
+class ChunkInfo:
+    """One cached chunk: its key, shape and value bookkeeping (in memory only)."""
+
+    key: str
+    chunk_hash: bytes
+    num_tokens: int
+    position: int  # the first position its KV was computed at
+    size_bytes: int
+    hits: int = 0
+    priority: float = 0.0
+
+    @property
+    def cost(self) -> float:
+        depth = (self.position + self.num_tokens // 2) // 32
+        return self.num_tokens / 32 * recompute_cost(depth)
+
+
+class ChunkCache:
+    """Chunks' KV of one model (``fingerprint``) on ``store``; see the module docstring."""
+
+    def __init__(
+        self, store: TieredStore, fingerprint: ModelFingerprint, *, owns_store: bool = False
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.namespace = fingerprint.digest()
+        self._store = store
+        self._owns_store = owns_store
+        self._lock = asyncio.Lock()
+        self._chunks: dict[bytes, ChunkInfo] = {}
+        self._heap: list[tuple[float, str, bytes]] = []
+        self._clock = 0.0
+        self.counters = dict.fromkeys(
+            ("lookups", "hits", "misses", "stored", "evicted", "corrupt", "rejected"), 0
+        )
+        for key in store.keys(f"rag/{self.namespace}/"):
+            parts = key.split("/")
+            info = ChunkInfo(key, bytes.fromhex(parts[2]), int(parts[3]), int(parts[4]),
+                             store.size_of(key) or 0)  # fmt: skip
+            self._admit(info)
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str] | None,
+        fingerprint: ModelFingerprint,
+        *,
+        disk_bytes: int = 0,
+        dram_bytes: int = 0,
+        create: bool = True,
+        runtime: IORuntime | None = None,
+    ) -> ChunkCache:
+        """A cache with a DRAM tier of ``dram_bytes`` (0: none) above an NVMe tier of
+        ``disk_bytes`` in ``directory`` (0: none, and nothing survives a restart). With
+        ``create=False`` a directory that holds no cache is an error, not a new cache."""
+        tiers: list[dict[str, Any]] = []
+        if dram_bytes:
+            tiers.append({"kind": "dram", "capacity": dram_bytes})
+        if disk_bytes:
+            if directory is None:
+                raise InvalidArgumentError("a disk tier needs a directory")
+            if create:
+                os.makedirs(directory, exist_ok=True)
+            tiers.append(
+                {"kind": "nvme", "capacity": disk_bytes, "path": os.fspath(directory),
+                 "create": create}
+            )  # fmt: skip
+        if not tiers:
+            raise InvalidArgumentError("give dram_bytes, disk_bytes or both")
+        store = await open_store({"policy": "lru", "tiers": tiers}, runtime)
+        return cls(store, fingerprint, owns_store=True)
+
+    # ------------------------------------------------------------------ reads
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def lookup(self, token_ids: Sequence[int]) -> ChunkInfo | None:
+        """The cached chunk of exactly these tokens, or None (no I/O); a hit raises its
+        value."""
+        self.counters["lookups"] += 1
+        info = self._chunks.get(chunk_hash(token_ids))
+        if info is None or info.num_tokens != len(token_ids):
+            self.counters["misses"] += 1
+            return None
+        self.counters["hits"] += 1
+        info.hits += 1
+        self._prioritise(info)
+        return info
+
+    def kv_shape(self, num_tokens: int) -> tuple[int, ...]:
+        f = self.fingerprint
+        return (f.num_layers, 2, f.num_kv_heads, num_tokens, f.head_dim)
+
+    async def load(self, info: ChunkInfo) -> torch.Tensor | None:
+        """The chunk's KV ``kv_shape(tokens)``; None when it is gone or fails its checks
+        (then it is dropped: recompute it)."""
+        staging = torch.empty(info.size_bytes, dtype=torch.uint8)
+        if not await self._get(info, staging, None):
+            return None
+        if not self._header_ok(info, staging[:HEADER_BYTES]):
+            await self._damaged(info)
+            return None
+        return self._view(staging[HEADER_BYTES:], info.num_tokens, self.fingerprint.num_layers)
+
+    async def load_layer(self, info: ChunkInfo, layer: int) -> torch.Tensor | None:
+        """Layer ``layer`` of the chunk's KV, ``[2, kv_heads, tokens, head_dim]``; None as
+        ``load``. One byte-range read: layer l can arrive while layer l - 1 computes."""
+        if not 0 <= layer < self.fingerprint.num_layers:
+            raise InvalidArgumentError(
+                f"layer {layer} of a {self.fingerprint.num_layers}-layer model"
+            )
+        layer_bytes = self._layer_bytes(info.num_tokens)
+        staging = torch.empty(layer_bytes, dtype=torch.uint8)
+        if not await self._get(info, staging, (HEADER_BYTES + layer * layer_bytes, layer_bytes)):
+            return None
+        return self._view(staging, info.num_tokens, 1)[0]
+
+    # ------------------------------------------------------------------ writes
+    async def put(
+        self, token_ids: Sequence[int], kv: torch.Tensor, position: int
+    ) -> ChunkInfo | None:
+        """Store ``kv`` (``kv_shape(len(token_ids))``, the fingerprint's dtype), computed with
+        its first token at ``position``; evicts lower-valued chunks to make room. Returns the
+        chunk (the one already cached, if any), or None when it cannot fit."""
+        num_tokens = len(token_ids)
+        expected = self.kv_shape(num_tokens)
+        if (
+            not isinstance(kv, torch.Tensor)
+            or tuple(kv.shape) != expected
+            or (kv.dtype != self.fingerprint.torch_dtype)
+        ):
+            raise ChunkShapeError(
+                f"a chunk of {num_tokens} tokens needs a {self.fingerprint.dtype} tensor "
+                f"{expected}, got {getattr(kv, 'shape', type(kv))} {getattr(kv, 'dtype', '')}"
+            )
+        if num_tokens == 0 or position < 0:
+            raise InvalidArgumentError(f"{num_tokens} tokens at position {position}")
+        digest = chunk_hash(token_ids)
+        async with self._lock:
+            if digest in self._chunks:
+                return self._chunks[digest]
+            payload = self._payload(kv, position)
+            size = payload.numel()
+            key = f"rag/{self.namespace}/{digest.hex()}/{num_tokens}/{position}"
+            if not await self._make_room(size):
+                self.counters["rejected"] += 1
+                return None
+            await self._store.put(key, payload)
+            info = ChunkInfo(key, digest, num_tokens, position, size)
+            self._admit(info)
+            self.counters["stored"] += 1
+            return info
+
+    def stats(self) -> dict[str, Any]:
+        tiers = {t.name: {"used_bytes": t.used_bytes, "capacity_bytes": t.capacity_bytes}
+                 for t in self._store.tiers}  # fmt: skip
+        return {"chunks": len(self._chunks), "tiers": tiers, **self.counters}
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            if self._owns_store:
+                await self._store.aclose()
+
+    # ------------------------------------------------------------------ internals
+    def _layer_bytes(self, num_tokens: int) -> int:
+        f = self.fingerprint
+        itemsize = torch.empty((), dtype=f.torch_dtype).element_size()
+        return 2 * f.num_kv_heads * num_tokens * f.head_dim * itemsize
+
+    def _view(self, raw: torch.Tensor, num_tokens: int, layers: int) -> torch.Tensor:
+        used = layers * self._layer_bytes(num_tokens)
+        shape = (layers, *self.kv_shape(num_tokens)[1:])
+        return raw[:used].view(self.fingerprint.torch_dtype).view(shape)
+
+    def _payload(self, kv: torch.Tensor, position: int) -> torch.Tensor:
+        kv = kv.detach().to("cpu").contiguous()
+        wide = kv.float()
+        header = {
+            "magic": _MAGIC,
+            "namespace": self.namespace,
+            "num_tokens": kv.shape[3],
+            "position": position,
+            "key_rms": [round(float(x), 6) for x in wide[:, 0].pow(2).mean((1, 2, 3)).sqrt()],
+            "value_rms": [round(float(x), 6) for x in wide[:, 1].pow(2).mean((1, 2, 3)).sqrt()],
+        }
+        text = json.dumps(header).encode().ljust(HEADER_BYTES, b" ")
+        body = kv.reshape(-1).view(torch.uint8)
+        size = -(-(HEADER_BYTES + body.numel()) // _PAGE_BYTES) * _PAGE_BYTES
+        payload = torch.zeros(size, dtype=torch.uint8)
+        payload[:HEADER_BYTES] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        payload[HEADER_BYTES : HEADER_BYTES + body.numel()] = body
+        return payload
+
+    def _header_ok(self, info: ChunkInfo, raw: torch.Tensor) -> bool:
+        try:
+            header = json.loads(raw.numpy().tobytes().decode())
+        except (UnicodeDecodeError, ValueError):
+            return False
+        return bool(
+            header.get("magic") == _MAGIC and header.get("namespace") == self.namespace
+            and header.get("num_tokens") == info.num_tokens
+            and header.get("position") == info.position
+        )  # fmt: skip
+
+    async def _get(self, info: ChunkInfo, into: torch.Tensor, span: Any) -> bool:
+        try:
+            got = await self._store.get(info.key, into=into, byte_range=span)
+        except CorruptionError:
+            await self._damaged(info)
+            return False
+        return got is not None
+
+    async def _damaged(self, info: ChunkInfo) -> None:
+        self.counters["corrupt"] += 1
+        async with self._lock:
+            await self._drop(info)
+
+    def _admit(self, info: ChunkInfo) -> None:
+        self._chunks[info.chunk_hash] = info
+        self._prioritise(info)
+
+    def _prioritise(self, info: ChunkInfo) -> None:
+        info.priority = self._clock + (info.hits + 1) * info.cost / max(info.size_bytes, 1)
+        heapq.heappush(self._heap, (info.priority, info.key, info.chunk_hash))
+
+    async def _make_room(self, size: int) -> bool:
+        tier = self._store.tiers[-1]
+        if size > tier.capacity_bytes:
+            return False
+        while tier.free_bytes < size and self._heap:
+            priority, key, digest = heapq.heappop(self._heap)
+            info = self._chunks.get(digest)
+            if info is None or info.key != key or info.priority != priority:
+                continue  # a stale heap entry: the chunk was re-prioritised or dropped
+            self._clock = priority
+            await self._drop(info)
+            self.counters["evicted"] += 1
+        return tier.free_bytes >= size
+
+    async def _drop(self, info: ChunkInfo) -> None:
+        if self._chunks.get(info.chunk_hash) is info:
+            del self._chunks[info.chunk_hash]
+            await self._store.delete(info.key)
