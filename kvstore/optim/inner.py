@@ -1,0 +1,116 @@
+"""The wrapped torch optimizer stepping one subgroup in its staging slot.
+
+A slot holds a subgroup's object: sections of ``stride`` fp32 elements, the master weights
+first, then one per per-element state (schema.vector_keys). For each segment (a piece of one
+parameter) the stepper makes a view of the master section as an inner parameter, gives it the
+segment's gradient (a view of the gradient buffer) and, when the parameter already has state,
+inner state entries that are views of the state sections plus its scalars from the manifest.
+A fresh inner optimizer (the user's class and flags, the group's current hyperparameters, so
+an LR scheduler's change is seen) then steps them all at once: torch skips segments without a
+gradient exactly as it skips parameters. States torch made anew (the first step) or replaced
+rather than updated in place are copied into their sections afterwards.
+
+Thread-safety: stateless between calls; the caller owns the slot and gradient buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvstore.optim.layout import Subgroup
+from kvstore.optim.schema import StateSchema, scalar_from_json, scalar_to_json
+
+__all__ = ["SubgroupStepper", "sections"]
+
+
+def sections(slot: torch.Tensor, subgroup: Subgroup, count: int) -> list[torch.Tensor]:
+    """The ``count`` sections of a subgroup's object in a slot (fp32 flat), each ``numel``
+    long."""
+    stride, numel = subgroup.stride, subgroup.numel
+    return [slot[k * stride : k * stride + numel] for k in range(count)]
+
+
+class SubgroupStepper:
+    def __init__(
+        self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], schema: StateSchema
+    ) -> None:
+        self.cls = cls
+        self.kwargs = kwargs
+        self.schema = schema
+
+    def _inner(
+        self,
+        subgroup: Subgroup,
+        parts: list[torch.Tensor],
+        grad: torch.Tensor | None,
+        has_grad: list[bool],
+        hyper: dict[str, Any],
+        scalars: dict[int, dict[str, Any]],
+    ) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+        views = []
+        for segment, with_grad in zip(subgroup.segments, has_grad, strict=True):
+            span = slice(segment.offset, segment.offset + segment.length)
+            view = parts[0][span]
+            if with_grad and grad is not None:
+                view.grad = grad[span]
+            views.append(view)
+        # the user's arguments too: some classes read them, not the group, in __init__
+        # (Adagrad's initial_accumulator_value), as torch itself does
+        inner = self.cls([{**hyper, "params": views}], **self.kwargs)
+        for segment, view in zip(subgroup.segments, views, strict=True):
+            stored = scalars.get(segment.param_index)
+            if stored is None:
+                if not self.schema.eager:
+                    inner.state.pop(view, None)
+                continue
+            span = slice(segment.offset, segment.offset + segment.length)
+            state: dict[str, Any] = {
+                key: parts[1 + k][span] for k, key in enumerate(self.schema.vector_keys)
+            }
+            for key in self.schema.scalar_keys:
+                state[key] = scalar_from_json(stored[key])
+            inner.state[view] = state
+        return inner, views
+
+    def step(
+        self,
+        subgroup: Subgroup,
+        slot: torch.Tensor,
+        grad: torch.Tensor | None,
+        has_grad: list[bool],
+        hyper: dict[str, Any],
+        scalars: dict[int, dict[str, Any]],
+    ) -> dict[int, dict[str, Any]]:
+        """Step the subgroup in ``slot`` (None grad: no step, only eager state is made);
+        returns the new scalars of each parameter that has state after it."""
+        parts = sections(slot, subgroup, self.schema.sections)
+        if grad is None:
+            has_grad = [False] * len(subgroup.segments)
+        inner, views = self._inner(subgroup, parts, grad, has_grad, hyper, scalars)
+        if grad is not None and any(has_grad):
+            inner.step()
+        return self._collect(subgroup, parts, inner, views)
+
+    def _collect(
+        self,
+        subgroup: Subgroup,
+        parts: list[torch.Tensor],
+        inner: torch.optim.Optimizer,
+        views: list[torch.Tensor],
+    ) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for segment, view in zip(subgroup.segments, views, strict=True):
+            state = inner.state.get(view)
+            if not state:
+                continue
+            span = slice(segment.offset, segment.offset + segment.length)
+            for k, key in enumerate(self.schema.vector_keys):
+                target, value = parts[1 + k][span], state[key]
+                if value.data_ptr() != target.data_ptr():  # made or replaced, not updated
+                    target.copy_(value.reshape(-1))
+            out[segment.param_index] = {
+                key: scalar_to_json(state[key]) for key in self.schema.scalar_keys
+            }
+        return out
