@@ -25,8 +25,6 @@ import torch
 
 from kvstore.optim.inner import sections
 from kvstore.optim.layout import OffloadError, Subgroup
-from kvstore.optim.manifest import object_key
-from kvstore.optim.pipeline import stream
 from kvstore.optim.schema import scalar_from_json, scalar_to_json
 from kvstore.optim.transfer import gather_params
 
@@ -51,7 +49,7 @@ def _groups(opt: OffloadedOptimizer) -> list[dict[str, Any]]:
 def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
     for pre_hook in opt._optimizer_state_dict_pre_hooks.values():
         pre_hook(opt)
-    staging, count, manifest = opt.staging, opt.schema.sections, opt._manifest
+    staging, count, manifest = opt.staging, opt.schema.sections, opt.versions.manifest
     keys = opt.schema.vector_keys
     state: dict[int, dict[str, Any]] = {}
     for index, scalars in sorted(manifest.scalars.items()):
@@ -63,10 +61,6 @@ def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
     masters = {
         i: torch.empty(p.shape) for i, p in enumerate(opt._params) if p.dtype != torch.float32
     }
-
-    def read(subgroup: Subgroup, slot: int) -> Any:
-        key = object_key(subgroup.index, manifest.versions[subgroup.index])
-        return opt.tier.read(key, staging.slot_bytes(slot, subgroup.object_bytes(count)))
 
     def copy(subgroup: Subgroup, slot: int) -> None:
         parts = sections(staging.slot_fp32(slot, count * subgroup.stride), subgroup, count)
@@ -81,7 +75,7 @@ def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
                 if target is not None:
                     target.view(-1)[into].copy_(part[span])
 
-    stream(opt.subgroups, len(staging.slots), read, copy, lambda s, i: None)
+    opt.versions.scan(copy)
     for index, master in masters.items():
         state.setdefault(index, {})[MASTER_KEY] = master
     result: dict[str, Any] = {"state": state, "param_groups": _groups(opt)}
@@ -137,7 +131,7 @@ def _describe(value: Any) -> str:
 def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
     for pre_hook in opt._optimizer_load_state_dict_pre_hooks.values():
         state_dict = pre_hook(opt, state_dict) or state_dict
-    opt.tier  # noqa: B018  (raises when closed, before anything changes
+    opt.versions  # noqa: B018  (raises when closed, before anything changes
     state = _match(opt, state_dict)
     for group, saved in zip(opt.param_groups, state_dict["param_groups"], strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
@@ -167,7 +161,7 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
             }
         return opt._stepper.step(subgroup, buffer, None, [], opt._hyper(subgroup), scalars)
 
-    opt._commit(opt.subgroups, fill, read=False, scalars={})
+    opt.versions.commit(opt.subgroups, fill, read=False, scalars={})
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
 

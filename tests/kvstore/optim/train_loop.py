@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Model", "groups", "make_model", "train"]
+__all__ = ["Model", "groups", "make_model", "same_params", "scheduler", "train"]
 
 
 class Model(torch.nn.Module):
