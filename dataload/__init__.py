@@ -4,10 +4,14 @@
 indices through the I/O core in one submission: ``FixedSizeSource`` (raw records),
 ``RecordFileSource`` (tierkit record files, fixed or variable size; ``RecordWriter`` builds them),
 ``ArrowSource`` (Arrow IPC), ``ParquetSource``, ``LmdbSource`` (a key per sample) and
-``DirectorySource`` (a file per sample).
+``DirectorySource`` (a file per sample). Any map-style ``torch.utils.data.Dataset`` works too
+(``DatasetSource``; the optional located-bytes protocol ``LocatedDataset`` lets the I/O core read
+its samples, as ``ImageFolder`` does), and ``num_workers`` runs per-sample Python in worker
+processes fed through shared memory (``dataload.workers``; issue 19).
 """
 
 from dataload.arrow_source import ArrowSource
+from dataload.dataset_source import DatasetSource
 from dataload.directory_source import DirectorySource
 from dataload.errors import (
     CorruptSampleError,
@@ -18,20 +22,26 @@ from dataload.errors import (
     SourceFormatError,
     TransformError,
 )
+from dataload.image_folder import ImageFolder, pil_to_tensor
 from dataload.lmdb_source import LmdbSource, index_key, write_lmdb
 from dataload.loader import ShuffledLoader
+from dataload.located import LocatedDataset, is_located
 from dataload.order import RankPlan, epoch_order, rank_slice
 from dataload.parquet_source import ParquetSource
 from dataload.record_source import FixedSizeSource, RecordFileSource
 from dataload.record_writer import RecordWriter, write_records
 from dataload.source import SampleBatch, Source, read_samples
+from dataload.workers import WorkerDiedError, WorkerError
 
 __all__ = [
     "ArrowSource",
     "CorruptSampleError",
+    "DatasetSource",
     "DirectorySource",
     "FixedSizeSource",
+    "ImageFolder",
     "LmdbSource",
+    "LocatedDataset",
     "ParquetSource",
     "RankPlan",
     "RecordFileSource",
@@ -45,8 +55,12 @@ __all__ = [
     "SourceError",
     "SourceFormatError",
     "TransformError",
+    "WorkerDiedError",
+    "WorkerError",
     "epoch_order",
     "index_key",
+    "is_located",
+    "pil_to_tensor",
     "rank_slice",
     "read_samples",
     "write_lmdb",

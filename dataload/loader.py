@@ -12,6 +12,11 @@ to the caller*. ``state_dict()`` therefore names exactly the next batch; ``load_
 resumes there by index arithmetic, and can be repeated. ``iter()`` continues from the current
 position: after a finished epoch that is the next epoch, after a ``break`` the rest of this one.
 
+Workers (issue 19): ``source`` may also be any map-style ``torch.utils.data.Dataset``
+(``dataset_source.py``; with the located-bytes protocol of ``located.py`` its reads run on the
+I/O core). ``num_workers`` counts worker processes, as in DataLoader, that run the per-sample
+Python on batches in shared memory (``workers/``); ``worker_type="thread"`` keeps them threads.
+
 Concurrency: iterate a loader from one thread at a time. ``close`` (or leaving a ``with`` block)
 stops its thread; a loader dropped without ``close`` stops it when garbage-collected.
 """
@@ -29,35 +34,44 @@ from typing import Any
 
 import numpy as np
 
-from dataload.collate import Assembled, BatchAssembler, OnError
+from dataload.collate import Assembled, OnError
+from dataload.dataset_source import DatasetSource
 from dataload.fetcher import Fetcher
 from dataload.order import RankPlan, RankRemainder
 from dataload.source import Source
+from dataload.state import check_state, make_state
 from dataload.stats import LoaderStats
+from dataload.workers.fetcher import ProcessFetcher
+from dataload.workers.select import WorkerType, base_seed_of, build_fetcher
 from tiers.io import InvalidArgumentError, IOEngine, IORuntime, default_runtime
 
 __all__ = ["ShuffledLoader"]
 
 log = logging.getLogger("tierkit.dataload")
-STATE_VERSION = 1
 
 
 class ShuffledLoader:
     """Iterable of batches of ``source``, globally shuffled per epoch, exactly resumable.
 
     Args:
-        source: a :class:`~dataload.source.Source` (record file, Arrow, Parquet, LMDB, files).
+        source: a :class:`~dataload.source.Source` (record file, Arrow, Parquet, LMDB, files)
+            or a map-style ``Dataset`` (``__len__`` + ``__getitem__``; see ``located.py`` for
+            the optional protocol that lets the I/O core read its bytes).
         batch_size: samples per batch; ``drop_last`` drops this rank's short last batch.
         shuffle, seed: a new permutation of the whole source every epoch (``shuffle=False``:
             index order).
         rank, world_size: this process's share; default: ``torch.distributed`` when
             initialised, else 0 of 1. ``rank_remainder``: "pad" (repeat a few samples so every
             rank gets the same count) or "drop" (leave the remainder out).
-        transform: per-sample function (bytes view or ``{column: value}`` in, anything out), run
-            for up to ``num_workers`` batches at once on the runtime's CPU executor (so within
-            its ``cpu_threads`` budget; 0: in the iterating thread, as DataLoader's
-            ``num_workers=0`` does; reads still run ahead); ``collate_fn`` combines a batch
-            (default: one zero-copy tensor for equal-size samples, else ``default_collate``).
+        transform: per-sample function (bytes view, ``{column: value}`` or a dataset's sample
+            in, anything out); ``collate_fn`` combines a batch (default: one zero-copy tensor
+            for equal-size samples, else ``default_collate``).
+        num_workers, worker_type: where transforms, ``__getitem__`` and collate run: 0 in the
+            iterating thread, as DataLoader's ``num_workers=0`` (reads still run ahead);
+            else ``num_workers`` processes ("process", the default: as DataLoader's workers,
+            on batches in shared memory) or threads of the runtime's CPU executor ("thread").
+            ``worker_init_fn(worker_id)`` runs first in each process; ``multiprocessing_context``
+            None means forkserver (see ``workers/pool.py``; "spawn" also works).
         prefetch_batches: batches in flight beyond the one being consumed.
         pin_memory: copy batches into pinned memory in the decode thread -- only when CUDA is
             available; without CUDA it does nothing (``stats()["pin_memory"]`` says so).
@@ -84,7 +98,10 @@ class ShuffledLoader:
         rank_remainder: RankRemainder = "pad",
         transform: Callable[[Any], Any] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        num_workers: int = 1,
+        num_workers: int = 0,
+        worker_type: WorkerType = "process",
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
         prefetch_batches: int = 4,
         pin_memory: bool = False,
         on_error: OnError = "raise",
@@ -97,6 +114,8 @@ class ShuffledLoader:
         if prefetch_batches < 0 or num_workers < 0:
             raise InvalidArgumentError("prefetch_batches and num_workers must be >= 0")
         rank, world_size = _distributed_defaults(rank, world_size)
+        if not isinstance(source, Source):
+            source = DatasetSource(source)
         self.source = source
         self.plan = RankPlan(
             len(source), batch_size, seed, rank, world_size, rank_remainder, drop_last, shuffle
@@ -112,17 +131,34 @@ class ShuffledLoader:
         self._stats = LoaderStats()
         self._owned_runtime = _private_runtime(runtime, engine, queue_depth)
         self._runtime = runtime or self._owned_runtime or default_runtime()
-        self._fetcher = Fetcher(
-            copy.copy(source),  # open() state (engine, files, caches) is per loader
-            BatchAssembler(source, transform, collate_fn, on_error),
-            runtime=self._runtime,
-            decode_threads=num_workers,
-            max_slabs=2 * (prefetch_batches + 2),
-            finish=_pin if self.pin_memory else None,
-        )
+        self.num_workers, self.base_seed = num_workers, base_seed_of(seed)
+        try:
+            self._fetcher, self.workers_note = build_fetcher(
+                copy.copy(source),  # open() state (engine, files, caches) is per loader
+                transform=transform,
+                collate_fn=collate_fn,
+                on_error=on_error,
+                runtime=self._runtime,
+                num_workers=num_workers,
+                worker_type=worker_type,
+                worker_init_fn=worker_init_fn,
+                base_seed=self.base_seed,
+                max_slabs=2 * (prefetch_batches + 2),
+                finish=_pin if self.pin_memory else None,
+                context=_context(multiprocessing_context),
+            )
+        except BaseException:
+            if self._owned_runtime is not None:
+                self._owned_runtime.close()
+            raise
         self._finalizer = weakref.finalize(self, _close, self._fetcher, self._owned_runtime)
 
     # ----------------------------------------------------------------- DataLoader surface
+    @property
+    def dataset(self) -> Any:
+        """The Dataset the loader was given, else its source (DataLoader's ``.dataset``)."""
+        return self.source.dataset if isinstance(self.source, DatasetSource) else self.source
+
     @property
     def batch_size(self) -> int:
         return self.plan.batch_size
@@ -218,42 +254,20 @@ class ShuffledLoader:
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Where the next batch comes from, plus what must match for a resume to be exact."""
-        plan = self.plan
-        return {
-            "version": STATE_VERSION,
-            "seed": plan.seed,
-            "epoch": self._epoch,
-            "samples_consumed": self._consumed,
-            "num_samples": plan.num_samples,
-            "world_size": plan.world_size,
-            "rank": plan.rank,
-            "rank_remainder": plan.remainder,
-            "shuffle": plan.shuffle,
-        }
+        """Where the next batch comes from, plus what must match for a resume to be exact
+        (with StatefulDataLoader's key names too: ``state.py``)."""
+        return make_state(self.plan, self._epoch, self._consumed, self.base_seed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state`` (from ``state_dict`` of a loader over the same data and world).
+        """Resume at ``state`` (from ``state_dict`` of a loader over the same data and world;
+        any ``num_workers``).
 
         Raises:
             InvalidArgumentError: another version, dataset size, world size or shuffle mode.
         """
-        if state.get("version") != STATE_VERSION:
-            raise InvalidArgumentError(f"loader state version {state.get('version')!r} unknown")
-        plan = self.plan
-        for key, mine in (
-            ("num_samples", plan.num_samples),
-            ("world_size", plan.world_size),
-            ("rank_remainder", plan.remainder),
-            ("shuffle", plan.shuffle),
-        ):
-            if state[key] != mine:
-                raise InvalidArgumentError(f"state has {key}={state[key]!r}, loader has {mine!r}")
-        consumed, epoch = int(state["samples_consumed"]), int(state["epoch"])
-        if epoch < 0 or not 0 <= consumed <= plan.samples_per_rank:
-            raise InvalidArgumentError(f"state position epoch {epoch}, sample {consumed} invalid")
-        if state["seed"] != plan.seed:
-            self.plan = RankPlan(**{**plan.__dict__, "seed": int(state["seed"])})
+        epoch, consumed = check_state(state, self.plan)
+        if state["seed"] != self.plan.seed:
+            self.plan = RankPlan(**{**self.plan.__dict__, "seed": int(state["seed"])})
             self._epoch_cache.clear()
         self._seek(epoch, consumed)
 
@@ -264,6 +278,7 @@ class ShuffledLoader:
             "epoch": self._epoch,
             "samples_consumed": self._consumed,
             "pin_memory": self.pin_memory_note,
+            "workers": self.workers_note,
             "engine": self._fetcher.engine_stats(),
         }
 
@@ -299,10 +314,25 @@ def _private_runtime(
     return IORuntime(engine=engine or "auto", queue_depth=queue_depth)
 
 
-def _close(fetcher: Fetcher, owned_runtime: IORuntime | None) -> None:
+def _close(fetcher: Fetcher | ProcessFetcher, owned_runtime: IORuntime | None) -> None:
     fetcher.close()
     if owned_runtime is not None:
         owned_runtime.close()
+
+
+def _context(context: Any) -> Any:
+    """A multiprocessing context from DataLoader's ``multiprocessing_context`` forms."""
+    if context is None or context == "forkserver":
+        return None  # the pool's own: forkserver with torch preloaded
+    if isinstance(context, str):
+        if context == "fork":
+            raise InvalidArgumentError(
+                "fork is unsafe here: the loader's process runs an I/O thread and io_uring"
+            )
+        import multiprocessing
+
+        return multiprocessing.get_context(context)
+    return context
 
 
 def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
