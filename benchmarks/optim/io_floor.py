@@ -2,13 +2,15 @@
 
 A step over N parameters reads and writes the fp32 master weights and Adam's two moments:
 ``12 * N`` bytes each way. fio moves the same bytes with O_DIRECT (io_uring, like the tiers I/O
-core) at the block size of our subgroup I/O, two ways:
+core) at the block size of our subgroup I/O (one request per subgroup object: master weights and
+both moments, ``3 * subgroup_bytes``), two ways, each at queue depth 1 (what our pipeline keeps
+in flight each way) and 4:
 
 * ``overlapped``: one fio run, a reader and a writer at once on two files, as our pipeline reads
   subgroup i+1 while writing i-1; its time is the slower job's runtime;
 * ``serial``: a read run then a write run, times added.
 
-The floor is the lower of the two (the device may do better one way or the other). Files are
+The floor is the lowest of the four (the device may do better one way or the other). Files are
 written with real data first (``ensure_data_file``: unwritten extents read as zeros without
 touching the device) and overwritten in place, as a steady-state step overwrites its state.
 """
@@ -24,28 +26,33 @@ from typing import Any
 from benchmarks.common.fio import ensure_fio
 from benchmarks.common.measure import ensure_data_file
 
-__all__ = ["IoFloor", "measure_io_floor", "step_io_bytes"]
+__all__ = ["IoFloor", "fio_blocks", "measure_io_floor"]
 
 STATE_BYTES_PER_PARAM = 12  # fp32 master + exp_avg + exp_avg_sq
+
+
+QUEUE_DEPTHS = (1, 4)
 
 
 @dataclass(frozen=True)
 class IoFloor:
     bytes_each_way: int
     block_size_bytes: int
-    queue_depth: int
-    overlapped_s: float
-    serial_s: float
+    seconds: dict[str, float]  # "overlapped_qd1", "serial_qd4", ...
 
     @property
     def floor_s(self) -> float:
-        return min(self.overlapped_s, self.serial_s)
+        return min(self.seconds.values())
 
 
-def step_io_bytes(params: int, block_size_bytes: int) -> int:
-    """Bytes read (and written) by one step, rounded up to whole blocks for fio."""
+def fio_blocks(params: int, object_bytes: int) -> tuple[int, int]:
+    """(block size, total bytes) for fio: as many blocks as our objects, equal in size (a whole
+    MiB each, at most ~1 MiB over the true ``12 * params`` bytes per block), since fio moves
+    whole blocks and our last subgroup is a short one."""
     raw = STATE_BYTES_PER_PARAM * params
-    return -(-raw // block_size_bytes) * block_size_bytes
+    blocks = -(-raw // object_bytes)
+    block_bytes = -(-raw // blocks // (1 << 20)) * (1 << 20)
+    return block_bytes, blocks * block_bytes
 
 
 def _job(name: str, rw: str, path: Path, size: int, bs: int, qd: int) -> list[str]:
@@ -79,22 +86,22 @@ def _run_fio(fio: str, jobs: list[list[str]]) -> list[float]:
     return runtimes_s
 
 
-def measure_io_floor(
-    directory: Path, params: int, block_size_bytes: int, queue_depth: int = 8
-) -> IoFloor:
-    """fio's time to read and to write ``12 * params`` bytes in ``directory`` (files kept there
-    for the next round; the caller removes the directory)."""
+def measure_io_floor(directory: Path, params: int, object_bytes: int) -> IoFloor:
+    """fio's time to read and to write ``12 * params`` bytes in ``directory`` in blocks of at
+    most ``object_bytes`` (files kept there for the next round; the caller removes them)."""
     fio = ensure_fio()
-    size = step_io_bytes(params, block_size_bytes)
+    block_size_bytes, size = fio_blocks(params, object_bytes)
     read_path = directory / f"floor-read-{size}.bin"
     write_path = directory / f"floor-write-{size}.bin"
     ensure_data_file(read_path, size)
     ensure_data_file(write_path, size)
-    read = _job("read", "read", read_path, size, block_size_bytes, queue_depth)
-    write = _job("write", "write", write_path, size, block_size_bytes, queue_depth)
-    overlapped_s = max(_run_fio(fio, [read, write]))
-    serial_s = _run_fio(fio, [read])[0] + _run_fio(fio, [write])[0]
-    return IoFloor(size, block_size_bytes, queue_depth, overlapped_s, serial_s)
+    seconds = {}
+    for depth in QUEUE_DEPTHS:
+        read = _job("read", "read", read_path, size, block_size_bytes, depth)
+        write = _job("write", "write", write_path, size, block_size_bytes, depth)
+        seconds[f"overlapped_qd{depth}"] = max(_run_fio(fio, [read, write]))
+        seconds[f"serial_qd{depth}"] = _run_fio(fio, [read])[0] + _run_fio(fio, [write])[0]
+    return IoFloor(size, block_size_bytes, seconds)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from benchmarks.common.paths import OUT_DIR, REPO_ROOT
 from benchmarks.common.scratch import remove_at_exit
 from benchmarks.optim.children import ChildFailed, run_child
 from benchmarks.optim.exact import check_exact
-from benchmarks.optim.io_floor import measure_io_floor
+from benchmarks.optim.io_floor import STATE_BYTES_PER_PARAM, measure_io_floor
 from benchmarks.optim.summary import TARGETS, headline, summarize_size
 
 DS_VENV = REPO_ROOT / ".venv-deepspeed"
@@ -68,15 +68,14 @@ def run_system(
 ) -> dict[str, Any]:
     """One round of one system: its record (peak RSS: the child's own VmHWM)."""
     if system == "fio-floor":
-        floor = measure_io_floor(scratch / "fio", params, args.subgroup_bytes)
+        object_bytes = STATE_BYTES_PER_PARAM // 4 * args.subgroup_bytes
+        floor = measure_io_floor(scratch / "fio", params, object_bytes)
         return {
             "step_s": [floor.floor_s],
             "peak_rss_bytes": 0,
-            "overlapped_s": floor.overlapped_s,
-            "serial_s": floor.serial_s,
+            "fio_s": floor.seconds,
             "bytes_each_way": floor.bytes_each_way,
             "block_size_bytes": floor.block_size_bytes,
-            "queue_depth": floor.queue_depth,
         }
     state_dir = scratch / f"{system}-state"
     shutil.rmtree(state_dir, ignore_errors=True)

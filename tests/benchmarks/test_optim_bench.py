@@ -86,7 +86,7 @@ def test_summary_ratios_and_misses() -> None:
 def test_step_smoke_end_to_end() -> None:
     pytest.importorskip("kvstore.optim")
     command = [sys.executable, "-m", "benchmarks.optim.step", "--sizes=2m", "--no-deepspeed"]
-    command += ["--rounds=2", "--steps=3", f"--subgroup-bytes={256 << 10}"]
+    command += ["--rounds=1", "--steps=2", f"--subgroup-bytes={256 << 10}"]
     done = subprocess.run(
         command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
     )
@@ -96,7 +96,7 @@ def test_step_smoke_end_to_end() -> None:
     assert summary["exact"] is True, summary["exact_runs"]
     size = summary["sizes"]["2m"]
     for system in ("torch", "ours-dram", "ours-nvme", "fio-floor"):
-        assert size["systems"][system]["steps_timed"] >= (2 if system == "fio-floor" else 6)
+        assert size["systems"][system]["steps_timed"] >= (1 if system == "fio-floor" else 2)
     assert summary["dram_step_vs_inmemory"] > 0 and summary["nvme_step_vs_io_floor"] > 0
     assert summary["nvme_step_vs_deepspeed_nvme"] is None
     assert summary["host_rss_bytes_per_param_nvme"] > 0
