@@ -18,7 +18,8 @@ Sections (each module's docstring has the details):
 * capacity: after every ``store`` of every replay, the largest ``used_bytes - capacity_bytes``
   over the tiers; on disk, every 500 requests, the store directory's allocated bytes (extent
   files and the LMDB catalog) minus the disk cap. ``capacity_overrun_bytes`` is the largest of
-  both (0 or more); ``capacity_overrun_bytes_tier_accounting`` the tiers' own figure alone.
+  both (0 or more); ``capacity_overrun_bytes_tier_accounting`` the tiers' own figure alone,
+  ``capacity_overrun_bytes_extent_files`` the data files' alone (without the catalog).
 * KIVI (kivi_figures.py): bytes ratio of a 4-bit block, logit error on the tiny model.
 
 Tables go to stdout, progress to stderr; the last line is one JSON object (the issue's keys,

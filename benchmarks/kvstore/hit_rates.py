@@ -66,6 +66,7 @@ async def replay_policy(
     if tier != "disk":
         result.pop("disk_overrun_bytes")
         result.pop("max_directory_bytes")
+        result.pop("max_extent_overrun_bytes")
     return result
 
 

@@ -124,4 +124,7 @@ async def restart_hit_rates(
         "tier_overrun_bytes": max(first.tier_overrun_bytes, second.tier_overrun_bytes),
         "disk_overrun_bytes": max(first.disk_overrun_bytes, second.disk_overrun_bytes),
         "max_directory_bytes": max(first.max_directory_bytes, second.max_directory_bytes),
+        "max_extent_overrun_bytes": max(
+            first.max_extent_overrun_bytes, second.max_extent_overrun_bytes
+        ),
     }

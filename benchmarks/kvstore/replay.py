@@ -13,7 +13,8 @@ same policy decisions).
 
 Capacity check: after every ``store`` the largest ``used_bytes - capacity_bytes`` over the
 tiers; and every ``du_every`` requests (and at the end) the bytes the store's directory
-occupies on disk (sum of ``st_blocks * 512``) against the disk cap.
+occupies on disk (sum of ``st_blocks * 512``) against the disk cap, in all and for its data
+(extent) files alone: the LMDB catalog beside them is not counted by the tier.
 
 Thread-safety: one asyncio loop; a store is used by one replay at a time.
 """
@@ -31,6 +32,8 @@ import torch
 
 from benchmarks.kvstore.trace import block_key
 from kvstore import KVBlockStore, ModelFingerprint
+
+_EXTENT_PREFIX = "extents-"  # the NVMe tier's data files; the rest is its catalog and lock
 
 __all__ = [
     "REPLAY_FP",
@@ -55,6 +58,7 @@ class ReplayCounts:
     tier_overrun_bytes: int = -(1 << 62)  # max of used - capacity over tiers and stores
     disk_overrun_bytes: int = -(1 << 62)  # max of directory bytes - disk cap, when on disk
     max_directory_bytes: int = 0
+    max_extent_overrun_bytes: int = -(1 << 62)  # the same for the extent (data) files alone
     elapsed_s: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -72,16 +76,20 @@ class ReplayCounts:
             "tier_overrun_bytes": self.tier_overrun_bytes,
             "disk_overrun_bytes": self.disk_overrun_bytes,
             "max_directory_bytes": self.max_directory_bytes,
+            "max_extent_overrun_bytes": self.max_extent_overrun_bytes,
             "elapsed_s": round(self.elapsed_s, 2),
             **self.extra,
         }
 
 
-def directory_bytes(directory: Path) -> int:
-    """Bytes the files under ``directory`` occupy on disk (allocated blocks, not sizes)."""
+def directory_bytes(directory: Path, prefix: str = "") -> int:
+    """Bytes the files under ``directory`` whose names start with ``prefix`` occupy on disk
+    (allocated blocks, not sizes)."""
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:
+            if not name.startswith(prefix):
+                continue
             with contextlib.suppress(FileNotFoundError):  # removed while we walked
                 total += os.stat(os.path.join(root, name)).st_blocks * 512
     return total
@@ -133,5 +141,7 @@ async def replay_requests(
             used = directory_bytes(directory)
             counts.max_directory_bytes = max(counts.max_directory_bytes, used)
             counts.disk_overrun_bytes = max(counts.disk_overrun_bytes, used - disk_cap_bytes)
+            extents = directory_bytes(directory, _EXTENT_PREFIX) - disk_cap_bytes
+            counts.max_extent_overrun_bytes = max(counts.max_extent_overrun_bytes, extents)
     counts.elapsed_s += time.perf_counter() - start_s
     return counts

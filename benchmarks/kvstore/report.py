@@ -31,8 +31,10 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
     restart = figures.get("restart") or {}
     overruns += [restart.get("tier_overrun_bytes", 0), restart.get("disk_overrun_bytes", 0)]
     data_overruns = [0, restart.get("tier_overrun_bytes", 0)]
+    extent_overruns = [0, restart.get("max_extent_overrun_bytes", 0)]
     for cell in figures["hit_rates"]:
         data_overruns += [r["tier_overrun_bytes"] for r in cell["policies"].values()]
+        extent_overruns += [r.get("max_extent_overrun_bytes", 0) for r in cell["policies"].values()]
     keys: dict[str, Any] = {
         "hit_rate_vs_belady_10pct": ten["best_vs_belady"] if ten else None,
         "hit_rate_vs_lru_10pct": ten["best_vs_lru_model"] if ten else None,
@@ -40,6 +42,7 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
         "reopen_s_per_million_blocks": reopen[-1]["s_per_million_blocks"] if reopen else None,
         "capacity_overrun_bytes": max(overruns),
         "capacity_overrun_bytes_tier_accounting": max(data_overruns),
+        "capacity_overrun_bytes_extent_files": max(extent_overruns),
         "kivi4_bytes_ratio": figures["kivi"].get("kivi4_bytes_ratio"),
         "kivi4_max_abs_logit_err": figures["kivi"].get("kivi4_max_abs_logit_err"),
         "best_policy_10pct": ten["best_policy"] if ten else None,

@@ -34,6 +34,7 @@ KEYS = frozenset(
     {"hit_rate_vs_belady_10pct", "hit_rate_vs_lru_10pct", "load_gbps_vs_tier"}
     | {"reopen_s_per_million_blocks", "capacity_overrun_bytes", "kivi4_bytes_ratio"}
     | {"kivi4_max_abs_logit_err", "capacity_overrun_bytes_tier_accounting"}
+    | {"capacity_overrun_bytes_extent_files"}
     | {f"hit_rate_{p}_{c}pct" for p in ("lru", "cost", "prefix", "belady") for c in (5, 10, 25)}
     | {"hit_rates", "throughput", "reopen", "restart", "machine", "mode", "trace", "targets"}
 )
@@ -107,6 +108,7 @@ def test_cache_bench_smoke(tmp_path: Path) -> None:
     assert figures["trace"]["name"] == "synthetic-zipf-prefix"
     assert figures["trace"]["prefix_conflicts"] == 0
     assert figures["capacity_overrun_bytes_tier_accounting"] == 0
+    assert figures["capacity_overrun_bytes_extent_files"] == 0  # the catalog is beside them
     assert figures["kivi4_bytes_ratio"] is None  # skipped
     for cell in figures["hit_rates"]:
         for policy, result in cell["policies"].items():
