@@ -18,8 +18,9 @@ eviction events are emitted. vLLM 0.32 runs its offloading connector only on CUD
 this spec is tested against the ABCs with CPU tensors and never inside an engine (UNTESTED
 on a GPU).
 
-Thread-safety: the manager's ``lock`` is a real lock, so it may be called from vLLM's
-off-thread lookups; the lookup client itself is one socket used under that lock.
+Thread-safety: vLLM 0.32 calls the manager from the scheduler thread. vLLM 0.33 asks a
+manager entered from other threads for a real ``lock`` property, and callers to hold it; this
+one provides it, and its lookup client (one socket) relies on that.
 """
 
 from __future__ import annotations
