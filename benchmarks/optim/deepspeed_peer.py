@@ -97,13 +97,14 @@ def main(argv: list[str] | None = None) -> None:
         model=ParamModel(params), model_parameters=params, config=config
     )
     setup_s = time.perf_counter() - setup_start_s
-    times_s = []
+    times_s: list[float] = []
     for index in range(args.warmup + args.steps):
         engine.backward(engine())
         start_s = time.perf_counter()
         engine.step()
         if index >= args.warmup:
             times_s.append(time.perf_counter() - start_s)
+    swap_files = [p for p in args.directory.rglob("*") if p.is_file()] if args.directory else []
     record = {
         "system": f"deepspeed-{args.device}",
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params),
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_rss_bytes": model_rss,
         "peak_rss_bytes": peak_rss_bytes(),
         "deepspeed": deepspeed.__version__,
+        "directory_bytes": sum(path.stat().st_size for path in swap_files),
         "zero_stage": config["zero_optimization"]["stage"],
     }
     print(json.dumps(record), flush=True)

@@ -56,6 +56,13 @@ def open_optimizer(
         optimizer.close()
 
 
+def directory_bytes(directory: Path | None) -> int:
+    """Bytes of the files under ``directory``: evidence the state really is on disk."""
+    if directory is None or not directory.exists():
+        return 0
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
 def run_steps(optimizer: torch.optim.Optimizer, warmup: int, steps: int) -> list[float]:
     """Wall seconds of each of ``steps`` timed ``step()`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     with open_optimizer(args.system, params, args.directory, args.subgroup_bytes) as optimizer:
         setup_s = time.perf_counter() - setup_start_s
         times_s = run_steps(optimizer, args.warmup, args.steps)
+        disk_bytes = directory_bytes(args.directory)
     record = {
         "system": args.system,
         "params": sum(p.numel() for p in params),
@@ -94,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_rss_bytes": model_rss,
         "peak_rss_bytes": peak_rss_bytes(),
         "checksum": float(sum(p.detach().double().sum() for p in params[:4])),
+        "directory_bytes": disk_bytes,
     }
     print(json.dumps(record), flush=True)
 
