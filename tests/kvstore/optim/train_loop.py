@@ -53,6 +53,8 @@ def groups(model: Model) -> list[dict[str, Any]]:
 def scheduler(opt: torch.optim.Optimizer, kind: str) -> torch.optim.lr_scheduler.LRScheduler:
     if kind == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)
+    if kind == "constant":  # nothing to restore after a crash
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step) ** 0.5)
 
 
