@@ -32,7 +32,10 @@ from kvstore.rag.blend import blend_prefill
 from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo
 from kvstore.rag.rope import RopeRotator
 
-__all__ = ["AssembledPrompt", "Segment", "assemble", "generate"]
+__all__ = ["RULES", "AssembledPrompt", "Segment", "assemble", "generate"]
+
+RULES = ("deviation", "chunk-start", "hybrid")
+HYBRID_CANDIDATES = 3.0  # the hybrid rule checks this many times the recompute fraction
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,14 @@ async def assemble(
     *,
     recompute_fraction: float = 0.15,
     check_layer: int = 1,
+    rule: str = "deviation",
 ) -> AssembledPrompt:
-    """Prefill ``segments`` reusing ``chunks``' KV; see the module docstring."""
+    """Prefill ``segments`` reusing ``chunks``' KV; see the module docstring. ``rule`` picks
+    the reused tokens to recompute: "deviation" (CacheBlend: the largest K deviation at
+    ``check_layer``), "chunk-start" (the first tokens of each reused chunk, no check) or
+    "hybrid" (the check on the first ``HYBRID_CANDIDATES`` x fraction of each chunk)."""
+    if rule not in RULES:
+        raise ValueError(f"rule {rule!r}: expected one of {RULES}")
     if not segments or segments[-1].cacheable or not segments[-1].token_ids:
         raise ValueError("the last segment must be non-empty new text (cacheable=False)")
     offsets, start = [], 0
@@ -83,12 +92,12 @@ async def assemble(
     while True:
         try:
             result = await _run(model, chunks, rotator, ids, offsets, segments, hits,
-                                recompute_fraction, check_layer)  # fmt: skip
+                                recompute_fraction, check_layer, rule)  # fmt: skip
             break
         except _ChunkLost as lost:  # the cache dropped them: compute them this time
             for slot in lost.slots:
                 hits.pop(slot, None)
-    stored = 0
+    missed = []
     for slot, segment in enumerate(segments):
         if segment.cacheable and segment.token_ids and slot not in hits:
             begin, end = offsets[slot], offsets[slot] + len(segment.token_ids)
@@ -96,7 +105,8 @@ async def assemble(
                 torch.stack((layer.keys[0, :, begin:end], layer.values[0, :, begin:end]))
                 for layer in result.cache.layers
             ]).to(device="cpu", dtype=chunks.fingerprint.torch_dtype)  # fmt: skip
-            stored += await chunks.put(segment.token_ids, kv, begin) is not None
+            missed.append((segment.token_ids, kv, begin))
+    stored = await chunks.put_many(missed) if missed else 0
     reused = 0 if recompute_fraction >= 1.0 else sum(len(segments[s].token_ids) for s in hits)
     return AssembledPrompt(ids, result.logits, result.cache, result.tokens_computed, reused, stored)
 
@@ -104,19 +114,24 @@ async def assemble(
 async def _run(
     model: Any, chunks: ChunkCache, rotator: RopeRotator, ids: torch.Tensor,
     offsets: list[int], segments: Sequence[Segment], hits: dict[int, ChunkInfo],
-    fraction: float, check_layer: int,
+    fraction: float, check_layer: int, rule: str,
 ) -> Any:  # fmt: skip
     num_layers, n = chunks.fingerprint.num_layers, ids.shape[1]
     reused = torch.zeros(n, dtype=torch.bool)
+    priority = None if rule == "deviation" else torch.zeros(n)
     for slot in hits:
-        reused[offsets[slot] : offsets[slot] + len(segments[slot].token_ids)] = True
+        begin, length = offsets[slot], len(segments[slot].token_ids)
+        reused[begin : begin + length] = True
+        if priority is not None:  # 1 for a chunk's first token, falling to 0 at its end
+            priority[begin : begin + length] = 1.0 - torch.arange(length) / length
+    first_layer = check_layer if priority is None else 0
     layers: list[concurrent.futures.Future[list[Any]]] = [
         concurrent.futures.Future() for _ in range(num_layers)
     ]
 
     async def feed() -> None:  # on the loop: layer after layer, while the thread computes
         slots = list(hits)
-        for layer in range(check_layer, num_layers):
+        for layer in range(first_layer, num_layers):
             parts = await asyncio.gather(*(chunks.load_layer(hits[s], layer) for s in slots))
             lost = [s for s, part in zip(slots, parts, strict=True) if part is None]
             if lost:
@@ -144,7 +159,8 @@ async def _run(
     try:
         return await asyncio.to_thread(
             blend_prefill, model, ids, reused, layer_kv,
-            recompute_fraction=fraction, check_layer=check_layer,
+            recompute_fraction=fraction, check_layer=check_layer, priority=priority,
+            candidates=min(1.0, HYBRID_CANDIDATES * fraction) if rule == "hybrid" else None,
         )  # fmt: skip
     finally:
         feeder.cancel()

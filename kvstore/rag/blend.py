@@ -12,6 +12,14 @@ new text, chunks not cached) are fresh. CacheBlend's rule, with the check made c
 - from ``check_layer`` on, only the selected and the fresh tokens run; the rest attend as
   keys and values only. The question and any new text are always computed.
 
+The check costs every reused token one layer (the layers below it); on a shallow model that
+is most of the budget (1/6 of all reused work on the 6-layer test model). Cheaper rules take
+``priority`` scores up front (``assemble``'s "chunk-start": the first tokens of each reused
+chunk, which had the least of their own chunk to attend to and so lean most on the context
+that changed) and either recompute the top ones with no check, or ("hybrid") run the check
+on the top ``candidates`` only; every layer, layer 0 included, then reuses the other tokens'
+KV (layer 0's is exact: it depends on the token and its position alone).
+
 ``recompute_fraction`` 1.0 runs every token through every layer with the model's own mask:
 the same operations as a full prefill, so the same KV and logits (tested). 0.0 is pure reuse
 past the check layer.
@@ -114,11 +122,19 @@ def blend_prefill(
     *,
     recompute_fraction: float,
     check_layer: int = 1,
+    priority: torch.Tensor | None = None,
+    candidates: float | None = None,
 ) -> BlendResult:
     """Prefill ``input_ids`` ``[1, n]`` reusing the KV of the tokens where ``reused`` ``[n]``
     (bool) is True: ``layer_kv(l)`` gives layer l's ``[2, kv_heads, n, head_dim]`` with those
     tokens' K (already rotated to their positions) and V filled in (the rest is ignored).
-    Asked for in layer order, once each, so a caller can stream layers in."""
+    Asked for in layer order, once each, so a caller can stream layers in.
+
+    With ``priority`` ``[n]`` (higher: recompute first) the tokens are chosen by it before
+    the first layer and no check runs: every layer from 0 reuses the unchosen tokens' KV.
+    With ``priority`` and ``candidates`` (a fraction of the reused tokens, >= the recompute
+    fraction) the check runs on the top ``candidates`` by priority only: they alone run the
+    layers below it, and the deviation picks the recomputed ones among them."""
     from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
 
@@ -157,21 +173,36 @@ def blend_prefill(
         token_layers = 0.0
         active = torch.arange(n, device=device)
         pe, mask = full_pe, full_mask
-        selected = reused_idx[:0]
+        count = round(recompute_fraction * reused_idx.numel())
+        pool: torch.Tensor | None = reused_idx
+        selected, reuse_from = reused_idx[:0], check_layer
+        if priority is not None and check_layer < num_layers:  # chosen before any layer
+            scores = priority.to(device)[reused_idx]
+            if candidates is None:  # by priority alone: no check
+                selected, pool = _top(reused_idx, scores, count), None
+                active = torch.cat((selected, fresh_idx)).sort().values
+            else:  # the check looks at the candidates only
+                wanted = max(count, round(candidates * reused_idx.numel()))
+                pool = _top(reused_idx, scores, wanted)
+                active = torch.cat((pool, fresh_idx)).sort().values
+            hidden = hidden[:, active]
+            pe, mask = _take(full_pe, active), _mask(model, active, n)
+            reuse_from = 0
         for index, layer in enumerate(base.layers[:num_layers]):
             full = torch.empty(shapes, dtype=model.dtype, device=device)
-            if index >= check_layer:
+            if index >= reuse_from:
                 stored = layer_kv(index).to(device=device, dtype=model.dtype)
                 full[:, 0] = stored
-            if index == check_layer:  # project every reused token's K/V; pick the worst
-                keys, values = _fresh_kv(layer, hidden[:, reused_idx], _take(full_pe, reused_idx))
-                deviation = (keys - full[0][:, :, reused_idx]).pow(2).sum((0, 1, 3))
-                count = round(recompute_fraction * reused_idx.numel())
-                selected = reused_idx[torch.topk(deviation, count).indices.sort().values]
-                full[0][:, :, reused_idx], full[1][:, :, reused_idx] = keys, values
-                token_layers += reused_idx.numel() * projection / per_token
-                active = torch.cat((selected, fresh_idx)).sort().values
-                hidden = hidden[:, active]  # every token ran so far: index = position
+            if index == check_layer and pool is not None:  # project the pool; pick the worst
+                rows = torch.searchsorted(active, pool)
+                keys, values = _fresh_kv(layer, hidden[:, rows], _take(full_pe, pool))
+                deviation = (keys - full[0][:, :, pool]).pow(2).sum((0, 1, 3))
+                selected = _top(pool, deviation, count)
+                full[0][:, :, pool], full[1][:, :, pool] = keys, values
+                token_layers += pool.numel() * projection / per_token
+                running = torch.cat((selected, fresh_idx)).sort().values
+                hidden = hidden[:, torch.searchsorted(active, running)]
+                active = running
                 pe, mask = _take(full_pe, active), _mask(model, active, n)
             kv.layers.append(full)
             kv.index = None if active.numel() == n else active
@@ -186,6 +217,11 @@ def blend_prefill(
         for index, full in enumerate(kv.layers):
             cache.update(full[0].contiguous(), full[1].contiguous(), index)
     return BlendResult(logits, cache, token_layers / num_layers, selected)
+
+
+def _top(candidates: torch.Tensor, scores: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` ``candidates`` with the highest ``scores``, in position order."""
+    return candidates[torch.topk(scores, count).indices.sort().values]
 
 
 def _take(pe: tuple[torch.Tensor, ...], index: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -6,17 +6,12 @@ waste up to a block each and need a chain per chunk for no prefix semantics). Th
 gives the object a checksum, verified on every read, and a durable catalog, so the cache
 survives a restart; the DRAM tier above keeps hot chunks in memory.
 
-Object (byte-level spec, the one place it is written and read)::
-
-    key    rag/<namespace: 16 hex>/<sha256 of the token ids: 64 hex>/<tokens>/<position>
-    bytes  header: 4096 bytes, JSON (see ``_header``) padded with spaces
-           KV: [layers, 2 (K, V), kv_heads, tokens, head_dim] in the fingerprint's dtype, C
-           order (one layer is one contiguous byte range: per-layer loads), padded to 4 KiB
-
-The namespace is the model fingerprint's digest, so one model never reads another's chunks;
+Object: ``kvstore.rag.chunk_format`` has the byte-level spec (key, header page, KV layout
+[layers, 2, kv_heads, tokens, head_dim], one layer one byte range: per-layer loads). The
+namespace is the model fingerprint's digest, so one model never reads another's chunks;
 the token count and the position the KV was computed at are in the key, so a reopen rebuilds
-the index from the key list without reading a byte. The header repeats them with per-layer
-key/value RMS and is checked on every load.
+the index from the key list without reading a byte; the header repeats them and is checked
+on every whole load.
 
 Eviction by value, not recency: GreedyDual-Size-Frequency, priority = clock + (hits + 1) x
 recompute cost / bytes, where the cost is the chunk's prefill FLOPs relative to a block's
@@ -31,9 +26,7 @@ lookups take none; loads take none and a chunk evicted while it loads reads as a
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import heapq
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,23 +36,21 @@ import torch
 
 from kvstore.fingerprint import ModelFingerprint
 from kvstore.policies import recompute_cost
+from kvstore.rag.chunk_format import (
+    HEADER_BYTES,
+    chunk_hash,
+    chunk_key,
+    encode_chunk,
+    header_ok,
+    kv_view,
+    layer_bytes,
+    parse_chunk_key,
+)
 from kvstore.rag.errors import ChunkShapeError
 from tiers import CorruptionError, InvalidArgumentError, TieredStore, open_store
 from tiers.io import IORuntime
 
 __all__ = ["ChunkCache", "ChunkInfo", "chunk_hash"]
-
-HEADER_BYTES = 4096
-_PAGE_BYTES = 4096
-_MAGIC = "tierkit-rag-chunk-1"
-
-
-def chunk_hash(token_ids: Sequence[int]) -> bytes:
-    """sha256 over the chunk's token ids (8 bytes each, little-endian): stable everywhere."""
-    digest = hashlib.sha256(b"tierkit-rag")
-    for token in token_ids:
-        digest.update(int(token).to_bytes(8, "little", signed=True))
-    return digest.digest()
 
 
 @dataclass
@@ -98,10 +89,10 @@ class ChunkCache:
             ("lookups", "hits", "misses", "stored", "evicted", "corrupt", "rejected"), 0
         )
         for key in store.keys(f"rag/{self.namespace}/"):
-            parts = key.split("/")
-            info = ChunkInfo(key, bytes.fromhex(parts[2]), int(parts[3]), int(parts[4]),
-                             store.size_of(key) or 0)  # fmt: skip
-            self._admit(info)
+            parsed = parse_chunk_key(key)
+            if parsed is not None:
+                digest, num_tokens, position = parsed
+                self._admit(ChunkInfo(key, digest, num_tokens, position, store.size_of(key) or 0))
 
     @classmethod
     async def open(
@@ -161,10 +152,10 @@ class ChunkCache:
         staging = torch.empty(info.size_bytes, dtype=torch.uint8)
         if not await self._get(info, staging, None):
             return None
-        if not self._header_ok(info, staging[:HEADER_BYTES]):
+        if not header_ok(staging[:HEADER_BYTES], self.namespace, info.num_tokens, info.position):
             await self._damaged(info)
             return None
-        return self._view(staging[HEADER_BYTES:], info.num_tokens, self.fingerprint.num_layers)
+        return kv_view(self.fingerprint, staging[HEADER_BYTES:], info.num_tokens, None)
 
     async def load_layer(self, info: ChunkInfo, layer: int) -> torch.Tensor | None:
         """Layer ``layer`` of the chunk's KV, ``[2, kv_heads, tokens, head_dim]``; None as
@@ -173,11 +164,11 @@ class ChunkCache:
             raise InvalidArgumentError(
                 f"layer {layer} of a {self.fingerprint.num_layers}-layer model"
             )
-        layer_bytes = self._layer_bytes(info.num_tokens)
-        staging = torch.empty(layer_bytes, dtype=torch.uint8)
-        if not await self._get(info, staging, (HEADER_BYTES + layer * layer_bytes, layer_bytes)):
+        size = layer_bytes(self.fingerprint, info.num_tokens)
+        staging = torch.empty(size, dtype=torch.uint8)
+        if not await self._get(info, staging, (HEADER_BYTES + layer * size, size)):
             return None
-        return self._view(staging, info.num_tokens, 1)[0]
+        return kv_view(self.fingerprint, staging, info.num_tokens, 1)[0]
 
     # ------------------------------------------------------------------ writes
     async def put(
@@ -186,6 +177,44 @@ class ChunkCache:
         """Store ``kv`` (``kv_shape(len(token_ids))``, the fingerprint's dtype), computed with
         its first token at ``position``; evicts lower-valued chunks to make room. Returns the
         chunk (the one already cached, if any), or None when it cannot fit."""
+        await self.put_many([(token_ids, kv, position)])
+        return self._chunks.get(chunk_hash(token_ids))
+
+    async def put_many(self, items: Sequence[tuple[Sequence[int], torch.Tensor, int]]) -> int:
+        """``put`` each (token_ids, kv, position) with one durable write for all (one
+        submission, one fdatasync per file, one catalog commit); how many were stored."""
+        for token_ids, kv, position in items:
+            self._check(token_ids, kv, position)
+        async with self._lock:
+            fresh: dict[bytes, tuple[str, torch.Tensor, int, int]] = {}
+            for token_ids, kv, position in items:
+                digest = chunk_hash(token_ids)
+                if digest in self._chunks or digest in fresh:
+                    continue
+                key = chunk_key(self.namespace, digest, len(token_ids), position)
+                fresh[digest] = (
+                    key,
+                    encode_chunk(kv, self.namespace, position),
+                    len(token_ids),
+                    position,
+                )
+            kept: dict[bytes, tuple[str, torch.Tensor, int, int]] = {}
+            for digest, (key, payload, num_tokens, position) in fresh.items():
+                # room for the ones kept so far too: they are written together below
+                held = sum(p.numel() for _, p, _, _ in kept.values())
+                if await self._make_room(held + payload.numel()):
+                    kept[digest] = (key, payload, num_tokens, position)
+                else:
+                    self.counters["rejected"] += 1
+            if not kept:
+                return 0
+            await self._store.put_many({key: payload for key, payload, _, _ in kept.values()})
+            for digest, (key, payload, num_tokens, position) in kept.items():
+                self._admit(ChunkInfo(key, digest, num_tokens, position, payload.numel()))
+            self.counters["stored"] += len(kept)
+            return len(kept)
+
+    def _check(self, token_ids: Sequence[int], kv: torch.Tensor, position: int) -> None:
         num_tokens = len(token_ids)
         expected = self.kv_shape(num_tokens)
         if (
@@ -199,21 +228,6 @@ class ChunkCache:
             )
         if num_tokens == 0 or position < 0:
             raise InvalidArgumentError(f"{num_tokens} tokens at position {position}")
-        digest = chunk_hash(token_ids)
-        async with self._lock:
-            if digest in self._chunks:
-                return self._chunks[digest]
-            payload = self._payload(kv, position)
-            size = payload.numel()
-            key = f"rag/{self.namespace}/{digest.hex()}/{num_tokens}/{position}"
-            if not await self._make_room(size):
-                self.counters["rejected"] += 1
-                return None
-            await self._store.put(key, payload)
-            info = ChunkInfo(key, digest, num_tokens, position, size)
-            self._admit(info)
-            self.counters["stored"] += 1
-            return info
 
     def stats(self) -> dict[str, Any]:
         tiers = {t.name: {"used_bytes": t.used_bytes, "capacity_bytes": t.capacity_bytes}
@@ -226,46 +240,6 @@ class ChunkCache:
                 await self._store.aclose()
 
     # ------------------------------------------------------------------ internals
-    def _layer_bytes(self, num_tokens: int) -> int:
-        f = self.fingerprint
-        itemsize = torch.empty((), dtype=f.torch_dtype).element_size()
-        return 2 * f.num_kv_heads * num_tokens * f.head_dim * itemsize
-
-    def _view(self, raw: torch.Tensor, num_tokens: int, layers: int) -> torch.Tensor:
-        used = layers * self._layer_bytes(num_tokens)
-        shape = (layers, *self.kv_shape(num_tokens)[1:])
-        return raw[:used].view(self.fingerprint.torch_dtype).view(shape)
-
-    def _payload(self, kv: torch.Tensor, position: int) -> torch.Tensor:
-        kv = kv.detach().to("cpu").contiguous()
-        wide = kv.float()
-        header = {
-            "magic": _MAGIC,
-            "namespace": self.namespace,
-            "num_tokens": kv.shape[3],
-            "position": position,
-            "key_rms": [round(float(x), 6) for x in wide[:, 0].pow(2).mean((1, 2, 3)).sqrt()],
-            "value_rms": [round(float(x), 6) for x in wide[:, 1].pow(2).mean((1, 2, 3)).sqrt()],
-        }
-        text = json.dumps(header).encode().ljust(HEADER_BYTES, b" ")
-        body = kv.reshape(-1).view(torch.uint8)
-        size = -(-(HEADER_BYTES + body.numel()) // _PAGE_BYTES) * _PAGE_BYTES
-        payload = torch.zeros(size, dtype=torch.uint8)
-        payload[:HEADER_BYTES] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-        payload[HEADER_BYTES : HEADER_BYTES + body.numel()] = body
-        return payload
-
-    def _header_ok(self, info: ChunkInfo, raw: torch.Tensor) -> bool:
-        try:
-            header = json.loads(raw.numpy().tobytes().decode())
-        except (UnicodeDecodeError, ValueError):
-            return False
-        return bool(
-            header.get("magic") == _MAGIC and header.get("namespace") == self.namespace
-            and header.get("num_tokens") == info.num_tokens
-            and header.get("position") == info.position
-        )  # fmt: skip
-
     async def _get(self, info: ChunkInfo, into: torch.Tensor, span: Any) -> bool:
         try:
             got = await self._store.get(info.key, into=into, byte_range=span)

@@ -24,6 +24,7 @@ pytest.importorskip("transformers", reason="kvstore.rag needs transformers")
 
 from kvstore.hf_cache import fingerprint_for
 from kvstore.rag import ChunkCache, Segment, assemble, blend_prefill, generate
+from kvstore.rag.assemble import RULES
 from tests.kvstore.rag.test_chunk_cache import flip_bytes_of
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -59,12 +60,15 @@ async def _open(model: Any, path: Path) -> ChunkCache:
     return await ChunkCache.open(path, fingerprint_for(model, 1), disk_bytes=8 << 20)
 
 
-def test_fraction_one_is_a_full_prefill(model: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rule", RULES)
+def test_fraction_one_is_a_full_prefill(model: Any, tmp_path: Path, rule: str) -> None:
     async def main() -> None:
         cache = await _open(model, tmp_path)
         try:
             await assemble(model, cache, _segments([0, 1, 2, 3]))
-            result = await assemble(model, cache, _segments([3, 1, 0]), recompute_fraction=1.0)
+            result = await assemble(
+                model, cache, _segments([3, 1, 0]), recompute_fraction=1.0, rule=rule
+            )
             full = _full(model, result.input_ids)
             assert torch.equal(result.logits, full.logits[:, -1])
             for ours, theirs in zip(result.cache.layers, full.past_key_values.layers, strict=True):
@@ -166,6 +170,8 @@ def test_bad_prompts_are_errors(model: Any, tmp_path: Path) -> None:
         try:
             with pytest.raises(ValueError, match="last segment"):
                 await assemble(model, cache, _segments([0])[:-1])
+            with pytest.raises(ValueError, match="rule"):
+                await assemble(model, cache, _segments([0]), rule="lru")
         finally:
             await cache.aclose()
         ids = torch.arange(3, 13).unsqueeze(0)
@@ -207,6 +213,28 @@ def test_reused_keys_are_rotated_to_their_new_offsets(model: Any, tmp_path: Path
             expected = blend_prefill(model, result.input_ids, reused, lambda layer: layers[layer],
                                      recompute_fraction=0.0)  # fmt: skip
             assert torch.equal(result.logits, expected.logits)
+        finally:
+            await cache.aclose()
+
+    asyncio.run(main())
+
+
+def test_cheaper_rules_compute_less(model: Any, tmp_path: Path) -> None:
+    """At one fraction: chunk-start (no check) < hybrid (check on candidates) < deviation
+    (check on all) in work. (Which is closest to a full prefill is a property of a trained
+    model, measured by benchmarks.rag.chunks; on random weights none is reliably closer.)"""
+
+    async def main() -> None:
+        cache = await _open(model, tmp_path)
+        try:
+            for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
+                await assemble(model, cache, _segments(order))
+            segments = _segments([2, 0, 3])
+            computed = {}
+            for rule in RULES:
+                result = await assemble(model, cache, segments, recompute_fraction=0.3, rule=rule)
+                computed[rule] = result.tokens_computed
+            assert computed["chunk-start"] < computed["hybrid"] < computed["deviation"]
         finally:
             await cache.aclose()
 
