@@ -20,6 +20,7 @@ assembler is a pure function of its batch and dataset, run by any one thread or 
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -89,9 +90,10 @@ class DatasetSource(Source):
         for path in paths:
             self._pinned[path] = self._pinned.get(path, 0) + 1
         try:
+            await self._open_missing(paths, batch)
             requests, positions = [], []
             for position, (path, offset, size) in enumerate(spots):
-                handle = await self._handle(path, position, batch)
+                handle = self._handles.get(path)
                 if handle is not None and size:
                     at = int(starts[position])
                     view = data[at : at + int(size)]
@@ -120,25 +122,32 @@ class DatasetSource(Source):
             batch.errors.update({int(positions[k]): error for k, error in fails.items()})
         batch.bytes_read = int(np.clip(got, 0, None).sum())
 
-    async def _handle(self, path: str, position: int, batch: SampleBatch) -> FileHandle | None:
-        handle = self._handles.get(path)
-        if handle is not None:
-            self._handles.move_to_end(path)
-            return handle
+    async def _open_missing(self, paths: list[str], batch: SampleBatch) -> None:
+        """Open the batch's files not yet open, all at once (a folder of images: one file per
+        sample, so opening them one after another would be a serial chain of syscalls)."""
         assert self._engine is not None
-        try:
-            handle = await self._engine.open(path)
-        except StorageError as exc:
-            index = int(batch.indices[position])
-            error = SampleReadError(self.name, index, f"{path}: {exc}", exc.errno)
-            error.__cause__ = exc
-            batch.errors[position] = error
-            return None
-        self._handles[path] = handle
+        engine = self._engine
+        missing = list(dict.fromkeys(p for p in paths if p not in self._handles))
+        if missing:
+            opens = (engine.open(path) for path in missing)
+            opened = await asyncio.gather(*opens, return_exceptions=True)
+            for path, handle in zip(missing, opened, strict=True):
+                if isinstance(handle, BaseException):
+                    if not isinstance(handle, StorageError):
+                        raise handle
+                    for position in [j for j, p in enumerate(paths) if p == path]:
+                        index = int(batch.indices[position])
+                        error = SampleReadError(self.name, index, f"{path}: {handle}", handle.errno)
+                        error.__cause__ = handle
+                        batch.errors[position] = error
+                else:
+                    self._handles[path] = handle
+        for path in paths:
+            if path in self._handles:
+                self._handles.move_to_end(path)
         excess = len(self._handles) - self._max_open
         for old in [p for p in self._handles if p not in self._pinned][: max(excess, 0)]:
-            await self._engine.close_file(self._handles.pop(old))
-        return handle
+            await engine.close_file(self._handles.pop(old))
 
 
 class DatasetAssembler:

@@ -12,6 +12,13 @@ reads a globally shuffled epoch (or as much of it as fits the time cap):
   sample by a simple deterministic tokenizer; vs DataLoader over the same Parquet table and HF
   ``datasets`` (shuffled) where it can be installed.
 
+* (d) ``map_dataset``: a map-style Dataset over a folder of PNG files (Fashion-MNIST images),
+  decoded with Pillow per sample (``_map_dataset.py``).
+
+(b), (c) and (d) run each system in its own process at equal worker counts (0, 2, 4), cold
+cache (``_isolated.py``); ``--in-process`` runs (b) and (c) the old way, both loaders in this
+process (and the HF datasets peer); the smoke plan does that too, and (d) at 2 workers only.
+
 The loaders run back to back in each round; ratios are medians of per-round ratios. CPU per
 sample is process CPU (workers included) / samples. ``--quick`` (about 1-2 minutes) prints one
 JSON object as its last line. A part whose data is missing is skipped with a note in that line.
@@ -31,6 +38,7 @@ from pathlib import Path
 from benchmarks.common.paths import OUT_DIR
 from benchmarks.common.scratch import remove_at_exit
 from benchmarks.dataload._fmnist import run_fmnist
+from benchmarks.dataload._isolated import WORKERS, run_workload
 from benchmarks.dataload._measure import Run
 from benchmarks.dataload._records import check_stamps, data_path, ensure_records, run_round
 from benchmarks.dataload._report import headline, print_report
@@ -63,7 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small files, 2 rounds, ~1-2 min")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--parts", default="abc", help="which workloads: any of a, b, c")
+    parser.add_argument("--parts", default="abcd", help="which workloads: any of a, b, c, d")
+    parser.add_argument(
+        "--in-process", action="store_true", help="(b), (c): both loaders in this process"
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument(
         "--keep-data", action="store_true", help="keep the big records file for the next run"
@@ -81,10 +92,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"dataload benchmark: {plan.mode}, {rounds} rounds", flush=True)
     if "a" in args.parts:
         runs += part_records(args.out, plan, rounds, args.keep_data)
+    isolated = not args.in_process and plan.mode != "smoke"
     if "b" in args.parts:
-        runs += run_fmnist(args.out, plan.mode, rounds, notes)
+        if isolated:
+            runs += run_workload("fmnist", args.out, plan.mode, rounds, notes)
+        else:
+            runs += run_fmnist(args.out, plan.mode, rounds, notes)
     if "c" in args.parts:
-        runs += run_text(args.out, plan.mode, rounds, notes)
+        if isolated:
+            runs += run_workload("parquet_text", args.out, plan.mode, rounds, notes)
+        else:
+            runs += run_text(args.out, plan.mode, rounds, notes)
+    if "d" in args.parts:
+        workers = (2,) if plan.mode == "smoke" else WORKERS
+        runs += run_workload("map_dataset", args.out, plan.mode, rounds, notes, workers)
     print_report(runs, notes, plan.quick, time.time() - started)
     print(json.dumps(headline(runs, notes)))
 

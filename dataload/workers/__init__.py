@@ -9,7 +9,7 @@ tensors into another slab; only small task records cross the pipes
 """
 
 from dataload.workers.fetcher import ProcessFetcher
-from dataload.workers.pool import ProcessPool, forkserver_context
+from dataload.workers.pool import ProcessPool, forkserver_context, warm_forkserver
 from dataload.workers.protocol import WorkerDiedError, WorkerError
 from dataload.workers.shm import ShmSlabPool, remove_orphans, shm_names
 
@@ -22,4 +22,5 @@ __all__ = [
     "forkserver_context",
     "remove_orphans",
     "shm_names",
+    "warm_forkserver",
 ]

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import time
 from collections import deque
@@ -41,7 +42,7 @@ from typing import Any
 from dataload.workers.protocol import READY, STOP, Done, Failed, Task, WorkerDiedError
 from dataload.workers.worker import worker_main
 
-__all__ = ["ProcessPool", "forkserver_context"]
+__all__ = ["ProcessPool", "forkserver_context", "warm_forkserver"]
 
 _SMALL_TASK_BYTES = 16 * 1024  # far below a pipe's 64 KiB buffer: writing it never blocks
 
@@ -51,6 +52,21 @@ def forkserver_context() -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["__main__", "torch", "numpy", "dataload.workers.worker"])
     return context
+
+
+def warm_forkserver() -> float:
+    """Start the forkserver (importing torch there) now and wait until it serves; seconds taken.
+
+    The first loader with worker processes does this itself; a training script can call it
+    early -- before building the model, say -- so that the once-per-process start overlaps
+    other work instead of delaying the first batch.
+    """
+    started = time.perf_counter()
+    process = forkserver_context().Process(target=os.getpid, daemon=True)
+    process.start()
+    process.join()
+    process.close()
+    return time.perf_counter() - started
 
 
 @dataclass
