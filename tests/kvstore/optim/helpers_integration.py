@@ -113,14 +113,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def training_args(output_dir: str, max_steps: int, save_steps: int | None = None) -> Any:
-    """Arguments of every run: CPU, seeded, a loss logged at every step, gradient clipping at
-    1.0 (the Trainer clips the model's gradients before ``optimizer.step``)."""
+def training_args(
+    output_dir: str, max_steps: int, save_steps: int | None = None, device: str = "cpu"
+) -> Any:
+    """Arguments of every run: seeded, a loss logged at every step, gradient clipping at 1.0
+    (the Trainer clips the model's gradients before ``optimizer.step``); on CUDA, torch's
+    deterministic algorithms."""
     from transformers import TrainingArguments
 
     return TrainingArguments(
         output_dir=output_dir,
-        use_cpu=True,
+        use_cpu=device == "cpu",
+        full_determinism=device != "cpu",
         report_to=[],
         seed=SEED,
         data_seed=SEED,
@@ -147,14 +151,16 @@ def make_trainer(
     optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
     save_steps: int | None = None,
     callbacks: list[Any] | None = None,
+    device: str = "cpu",
 ) -> Any:
     """A Trainer over a fresh tiny model: with ``optimizer``, the run's optimizer and a linear
     warmup schedule are passed in ``optimizers=``; otherwise the Trainer builds them itself,
-    from ``optimizer_cls_and_kwargs`` (its two param groups: with and without weight decay)."""
+    from ``optimizer_cls_and_kwargs`` (its two param groups: with and without weight decay).
+    The model is on ``device`` before the optimizer is made."""
     from transformers import PrinterCallback, Trainer, get_linear_schedule_with_warmup
 
-    model = tiny_model()
-    args = training_args(output_dir, max_steps, save_steps)
+    model = tiny_model().to(device)
+    args = training_args(output_dir, max_steps, save_steps, device)
     optimizers: tuple[Any, Any] = (None, None)
     if optimizer is not None:
         opt = optimizer(model)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,56 @@ def test_loss_curve_equals_torch_adamw(
     assert losses == want_losses
     _assert_same_weights(weights, want_weights)
     _assert_same_optimizer_state(_saved_optimizer(tmp_path / "run", SAVE_STEP), want_state)
+
+
+@pytest.fixture
+def deterministic_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Undo, after the test, what the Trainer's ``full_determinism`` sets process-wide."""
+    for name in _DETERMINISM_ENV:
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    was = torch.are_deterministic_algorithms_enabled()
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(was)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+_DETERMINISM_ENV = [
+    "CUDA_LAUNCH_BLOCKING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "ASCEND_LAUNCH_BLOCKING",
+    "HCCL_DETERMINISTIC",
+    "FLASH_ATTENTION_DETERMINISTIC",
+]
+
+
+@pytest.mark.gpu
+def test_loss_curve_on_cuda_equals_torch_adamw(tmp_path: Path, deterministic_cuda: None) -> None:
+    """CUDA parameters and gradients, states in DRAM: the updates come back to the GPU
+    (pinned copies). The reference runs torch's single-tensor AdamW on the GPU. Untested: no
+    GPU was available where this was written."""
+    from kvstore.optim import OffloadedOptimizer
+
+    flags: dict[str, Any] = {"lr": harness.LR, "weight_decay": harness.WEIGHT_DECAY}
+    flags["foreach"] = False  # the CPU inner optimizer's loop; CUDA defaults to foreach
+
+    def ours(model: torch.nn.Module) -> torch.optim.Optimizer:
+        subgroup_bytes = harness.SUBGROUP_BYTES["dram"]
+        return OffloadedOptimizer(
+            model.parameters(), torch.optim.AdamW, subgroup_bytes=subgroup_bytes, **flags
+        )
+
+    runs = {}
+    for name, factory in {
+        "torch": lambda model: torch.optim.AdamW(model.parameters(), **flags),
+        "ours": ours,
+    }.items():
+        trainer = harness.make_trainer(str(tmp_path / name), 100, factory, device="cuda")
+        trainer.train()
+        _close(trainer.optimizer)
+        runs[name] = harness.step_losses(trainer), harness.parameters(trainer.model)
+    assert runs["ours"][0] == runs["torch"][0]
+    _assert_same_weights(runs["ours"][1], runs["torch"][1])
 
 
 def test_optimizer_cls_and_kwargs(tmp_path: Path) -> None:
