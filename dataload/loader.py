@@ -36,12 +36,19 @@ import numpy as np
 
 from dataload.collate import Assembled, OnError
 from dataload.dataset_source import DatasetSource
-from dataload.fetcher import Fetcher
+from dataload.loader_setup import (
+    close_fetcher,
+    cuda_available,
+    distributed_defaults,
+    mp_context,
+    pin,
+    pin_note,
+    private_runtime,
+)
 from dataload.order import RankPlan, RankRemainder
 from dataload.source import Source
 from dataload.state import check_state, make_state
 from dataload.stats import LoaderStats
-from dataload.workers.fetcher import ProcessFetcher
 from dataload.workers.select import WorkerType, base_seed_of, build_fetcher
 from tiers.io import InvalidArgumentError, IOEngine, IORuntime, default_runtime
 
@@ -72,7 +79,8 @@ class ShuffledLoader:
             on batches in shared memory) or threads of the runtime's CPU executor ("thread").
             ``worker_init_fn(worker_id)`` runs first in each process; ``multiprocessing_context``
             None means forkserver (see ``workers/pool.py``; "spawn" also works).
-        prefetch_batches: batches in flight beyond the one being consumed.
+        prefetch_batches: batches in flight beyond the one being consumed (default: 4, or
+            ``2 * num_workers`` when more -- DataLoader's ``prefetch_factor=2`` per worker).
         pin_memory: copy batches into pinned memory in the decode thread -- only when CUDA is
             available; without CUDA it does nothing (``stats()["pin_memory"]`` says so).
         on_error: "raise" the first failed sample's error, or "skip" failed samples (counted in
@@ -102,7 +110,7 @@ class ShuffledLoader:
         worker_type: WorkerType = "process",
         worker_init_fn: Callable[[int], None] | None = None,
         multiprocessing_context: Any = None,
-        prefetch_batches: int = 4,
+        prefetch_batches: int | None = None,
         pin_memory: bool = False,
         on_error: OnError = "raise",
         runtime: IORuntime | None = None,
@@ -111,9 +119,11 @@ class ShuffledLoader:
         timeout_s: float | None = None,
         progress: bool = False,
     ) -> None:
+        if prefetch_batches is None:
+            prefetch_batches = max(4, 2 * num_workers)
         if prefetch_batches < 0 or num_workers < 0:
             raise InvalidArgumentError("prefetch_batches and num_workers must be >= 0")
-        rank, world_size = _distributed_defaults(rank, world_size)
+        rank, world_size = distributed_defaults(rank, world_size)
         if not isinstance(source, Source):
             source = DatasetSource(source)
         self.source = source
@@ -122,14 +132,14 @@ class ShuffledLoader:
         )
         self.transform, self.collate_fn = transform, collate_fn
         self.prefetch_batches, self.timeout_s, self.progress = prefetch_batches, timeout_s, progress
-        self.pin_memory = pin_memory and _cuda_available()
-        self.pin_memory_note = _pin_note(pin_memory, self.pin_memory)
+        self.pin_memory = pin_memory and cuda_available()
+        self.pin_memory_note = pin_note(pin_memory, self.pin_memory)
         self._epoch, self._consumed = 0, 0
         self._next_epoch, self._next_start = 0, 0  # where the next submission starts
         self._pending: deque[tuple[int, int, int, concurrent.futures.Future[Assembled]]] = deque()
         self._epoch_cache: dict[int, np.ndarray] = {}
         self._stats = LoaderStats()
-        self._owned_runtime = _private_runtime(runtime, engine, queue_depth)
+        self._owned_runtime = private_runtime(runtime, engine, queue_depth)
         self._runtime = runtime or self._owned_runtime or default_runtime()
         self.num_workers, self.base_seed = num_workers, base_seed_of(seed)
         try:
@@ -144,14 +154,14 @@ class ShuffledLoader:
                 worker_init_fn=worker_init_fn,
                 base_seed=self.base_seed,
                 max_slabs=2 * (prefetch_batches + 2),
-                finish=_pin if self.pin_memory else None,
-                context=_context(multiprocessing_context),
+                finish=pin if self.pin_memory else None,
+                context=mp_context(multiprocessing_context),
             )
         except BaseException:
             if self._owned_runtime is not None:
                 self._owned_runtime.close()
             raise
-        self._finalizer = weakref.finalize(self, _close, self._fetcher, self._owned_runtime)
+        self._finalizer = weakref.finalize(self, close_fetcher, self._fetcher, self._owned_runtime)
 
     # ----------------------------------------------------------------- DataLoader surface
     @property
@@ -298,71 +308,6 @@ class ShuffledLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _private_runtime(
-    runtime: IORuntime | None, engine: str | Callable[[], IOEngine] | None, queue_depth: int
-) -> IORuntime | None:
-    """A runtime of the loader's own when it asks for an engine or depth of its own."""
-    if (engine is None or engine == "auto") and queue_depth == 128:
-        return None
-    if runtime is not None:
-        raise InvalidArgumentError("pass runtime= or engine=/queue_depth=, not both")
-    if callable(engine):
-        factory = engine
-        return IORuntime(engine=lambda *_: factory(), queue_depth=queue_depth)
-    return IORuntime(engine=engine or "auto", queue_depth=queue_depth)
-
-
-def _close(fetcher: Fetcher | ProcessFetcher, owned_runtime: IORuntime | None) -> None:
-    fetcher.close()
-    if owned_runtime is not None:
-        owned_runtime.close()
-
-
-def _context(context: Any) -> Any:
-    """A multiprocessing context from DataLoader's ``multiprocessing_context`` forms."""
-    if context is None or context == "forkserver":
-        return None  # the pool's own: forkserver with torch preloaded
-    if isinstance(context, str):
-        if context == "fork":
-            raise InvalidArgumentError(
-                "fork is unsafe here: the loader's process runs an I/O thread and io_uring"
-            )
-        import multiprocessing
-
-        return multiprocessing.get_context(context)
-    return context
-
-
-def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return (dist.get_rank() if rank is None else rank), (
-            dist.get_world_size() if world_size is None else world_size
-        )
-    return rank or 0, world_size or 1
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _pin_note(asked: bool, active: bool) -> str:
-    if not asked:
-        return "off"
-    return "on" if active else "ignored: no CUDA device (pinning only helps host-to-GPU copies)"
-
-
-def _pin(value: Any) -> Any:
-    from torch.utils.data._utils.pin_memory import pin_memory
-
-    return pin_memory(value)
 
 
 def _progress_bar(loader: ShuffledLoader, epoch: int) -> Any:
