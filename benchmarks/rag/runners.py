@@ -58,7 +58,7 @@ class ReplayResult:
     ttft_s: list[float] = field(default_factory=list)
     top1: list[float] = field(default_factory=list)  # per request: agreeing steps / steps
     kl: list[float] = field(default_factory=list)  # per request: mean KL per step
-    reused_requests: int = 0  # requests where anything but the system text was reused
+    reused_requests: int = 0  # requests reusing a chunk (prefix caching: the first one whole)
 
 
 def reference(model: Any, request: RagRequest) -> Reference:
@@ -153,7 +153,8 @@ async def _prefill(
     if kind == "prefix":
         got = await prefill(store, model, ids)
         elapsed = time.perf_counter() - started
-        reused = got.cached_tokens > len(request.system)
+        # every prompt shares the system text and the "[doc] " that opens the first chunk
+        reused = got.cached_tokens >= len(request.system) + len(request.chunks[0])
         return got.logits[:, -1], got.cache, (float(n - got.cached_tokens), elapsed), reused
     segments = [Segment(request.system), *(Segment(c) for c in request.chunks),
                 Segment(request.question, cacheable=False)]  # fmt: skip

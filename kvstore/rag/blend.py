@@ -185,6 +185,7 @@ def blend_prefill(
                 wanted = max(count, round(candidates * reused_idx.numel()))
                 pool = _top(reused_idx, scores, wanted)
                 active = torch.cat((pool, fresh_idx)).sort().values
+                pool = pool if pool.numel() else None  # nothing to check
             hidden = hidden[:, active]
             pe, mask = _take(full_pe, active), _mask(model, active, n)
             reuse_from = 0

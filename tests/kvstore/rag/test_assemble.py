@@ -219,6 +219,12 @@ def test_reused_keys_are_rotated_to_their_new_offsets(model: Any, tmp_path: Path
     asyncio.run(main())
 
 
+def computed_bound(n: int) -> float:
+    """Work at fraction 0 on the 3-layer model: at most layer 0 for all, the check's
+    projections (~10% of a layer) and the 9-token question through the other layers."""
+    return (n + 0.15 * n + 2 * 9) / 3
+
+
 def test_cheaper_rules_compute_less(model: Any, tmp_path: Path) -> None:
     """At one fraction: chunk-start (no check) < hybrid (check on candidates) < deviation
     (check on all) in work. (Which is closest to a full prefill is a property of a trained
@@ -230,6 +236,9 @@ def test_cheaper_rules_compute_less(model: Any, tmp_path: Path) -> None:
             for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
                 await assemble(model, cache, _segments(order))
             segments = _segments([2, 0, 3])
+            for rule in RULES:  # pure reuse: only the question and the layer-0 check run
+                zero = await assemble(model, cache, segments, recompute_fraction=0.0, rule=rule)
+                assert zero.tokens_computed < computed_bound(zero.input_ids.shape[1])
             computed = {}
             for rule in RULES:
                 result = await assemble(model, cache, segments, recompute_fraction=0.3, rule=rule)
