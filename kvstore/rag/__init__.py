@@ -6,11 +6,15 @@ ChunkCache       chunks' KV on the tiered store (DRAM over NVMe: checksummed, re
                  value (reuses x recompute cost / bytes)
 RopeRotator      exact re-rotation of cached keys to new positions (Llama RoPE and its
                  linear / llama3 / yarn scalings)
-blend_prefill    selective recompute (CacheBlend's check-layer K deviation, top fraction)
-assemble         system text + cached chunks + question -> a transformers DynamicCache;
+blend_prefill    selective recompute of a fraction of the reused tokens, chosen by CacheBlend's
+                 check-layer K deviation ("deviation"), by position in the chunk with no
+                 check ("chunk-start"), or by the check on positional candidates ("hybrid")
+assemble         system text + cached chunks + question -> a transformers DynamicCache,
+                 each chunk's layers streamed in while the layers below compute;
 generate         decode on from it with ``model.generate``
 
-Errors: RagError (a tiers.TierkitError), UnsupportedModelError, ChunkShapeError.
+chunk_format has the byte-level object format. Errors: RagError (a tiers.TierkitError),
+UnsupportedModelError, ChunkShapeError.
 """
 
 from kvstore.rag.assemble import AssembledPrompt, Segment, assemble, generate
