@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -62,6 +63,8 @@ class WorkerHalf:
         self._load_errors: set[int] = set()
         self.counters = {"loaded_blocks": 0, "failed_load_blocks": 0, "saved_blocks": 0,
                          "skipped_save_blocks": 0, "load_calls": 0, "store_calls": 0}  # fmt: skip
+        # wall time in the store's load (with the scatter), the per-layer gathers, the stores
+        self.seconds = {"load": 0.0, "gather": 0.0, "store": 0.0}
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._layer_index = layer_order(list(kv_caches))
@@ -75,6 +78,7 @@ class WorkerHalf:
         # vLLM calls this before the forward when the step has sync loads (ours always are)
         # and after it otherwise, so the failed set lives until the step ends (wait_for_save)
         for load in meta.loads:
+            started = time.perf_counter()
             count = len(load.hashes)
             staging = torch.empty((count, *self.fingerprint.block_shape),
                                   dtype=self.fingerprint.torch_dtype)  # fmt: skip
@@ -89,6 +93,7 @@ class WorkerHalf:
                 for name, paged in self._caches.items():
                     layer = staging[:loaded, self._layer_index[name]]
                     self._layout.scatter(paged, ids, layer)
+            self.seconds["load"] += time.perf_counter() - started
             self.counters["loaded_blocks"] += loaded
             if loaded < count:
                 self._load_errors.update(load.block_ids[loaded:])
@@ -103,6 +108,7 @@ class WorkerHalf:
         layer = self._layer_index.get(layer_name)
         if layer is None:
             return  # not an attention layer this connector registered
+        started = time.perf_counter()
         for save in meta.saves:
             if save.req_id in self._failed_reqs:
                 continue
@@ -113,8 +119,10 @@ class WorkerHalf:
                 self._staged[save.req_id] = staging
             ids = torch.tensor(save.block_ids, dtype=torch.long)
             staging[:, layer] = self._layout.gather(kv_layer, ids)
+        self.seconds["gather"] += time.perf_counter() - started
 
     def wait_for_save(self, meta: TierkitConnectorMetadata | None) -> None:
+        started = time.perf_counter()
         for save in meta.saves if meta is not None else ():
             staging = self._staged.pop(save.req_id, None)
             if staging is None:
@@ -127,6 +135,7 @@ class WorkerHalf:
             except Exception:  # a failed save is a future miss, not a failed request
                 _log.exception("tierkit: saving %d blocks failed", len(save.hashes))
             self.counters["store_calls"] += 1
+        self.seconds["store"] += time.perf_counter() - started
         self._staged.clear()
         self._failed_reqs.clear()
         self._write_stats()
@@ -138,7 +147,8 @@ class WorkerHalf:
     def _write_stats(self) -> None:
         if not self._stats_path:
             return
-        stats = {"pid": os.getpid(), **self.counters, "store": self.store.stats()}
+        seconds = {f"{name}_s": round(value, 6) for name, value in self.seconds.items()}
+        stats = {"pid": os.getpid(), **self.counters, **seconds, "store": self.store.stats()}
         temporary = f"{self._stats_path}.tmp"
         with open(temporary, "w") as f:
             json.dump(stats, f, sort_keys=True)
