@@ -44,7 +44,7 @@ def generate(
     if store:
         kv_transfer_config = KVTransferConfig(
             kv_connector="TierkitConnector",
-            kv_connector_module_path="kvstore.vllm.connector",
+            kv_connector_module_path="kvstore.vllm",  # the package resolves it lazily
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
             kv_connector_extra_config={
