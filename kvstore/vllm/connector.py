@@ -44,8 +44,7 @@ from vllm.platforms import current_platform
 from kvstore.sync_store import SyncKVBlockStore
 from kvstore.vllm.layout import PagedLayout, cpu_attention_isa, fingerprint_from_vllm
 from kvstore.vllm.lookup_channel import LookupClient, channel_name
-from kvstore.vllm.metadata import TierkitConnectorMetadata
-from kvstore.vllm.scheduler_side import SchedulerHalf
+from kvstore.vllm.scheduler_side import SchedulerHalf, TierkitConnectorMetadata
 from kvstore.vllm.worker_side import WorkerHalf
 
 __all__ = ["TierkitConnector", "TierkitConnectorMetadata"]

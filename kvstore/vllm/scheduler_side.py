@@ -17,6 +17,9 @@ Saves: every full block whose KV the step computes (prompt and generated tokens 
 that the store did not already hold is saved once; a request rewound after a failed load
 (vLLM lowers ``num_computed_tokens``) saves its recomputed blocks again.
 
+The plan reaches the worker as ``TierkitConnectorMetadata``, built here by one thread and
+read by the worker after vLLM hands it over.
+
 Thread-safety: vLLM calls the scheduler connector from the engine core's one thread.
 """
 
@@ -24,14 +27,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore.vllm.metadata import BlockTransfer, TierkitConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-__all__ = ["SchedulerHalf"]
+__all__ = ["BlockTransfer", "SchedulerHalf", "TierkitConnectorMetadata"]
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass
+class BlockTransfer:
+    """One request's blocks to move in one direction this step: ``hashes[i]`` (vLLM's block
+    hash) is the store key of paged block ``block_ids[i]``; for a save, ``parent`` is the hash
+    of the block before ``hashes[0]`` (None at a sequence's start), for prefix-aware eviction."""
+
+    req_id: str
+    hashes: list[bytes]
+    block_ids: list[int]
+    parent: bytes | None = None
+
+
+@dataclass
+class TierkitConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler half tells the worker half each step (pickled to the worker)."""
+
+    loads: list[BlockTransfer] = field(default_factory=list)
+    saves: list[BlockTransfer] = field(default_factory=list)
 
 
 @dataclass

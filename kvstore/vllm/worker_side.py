@@ -35,7 +35,7 @@ from kvstore.fingerprint import ModelFingerprint
 from kvstore.sync_store import SyncKVBlockStore
 from kvstore.vllm.layout import PagedLayout, layer_order
 from kvstore.vllm.lookup_channel import LookupServer, channel_name
-from kvstore.vllm.metadata import TierkitConnectorMetadata
+from kvstore.vllm.scheduler_side import TierkitConnectorMetadata
 
 __all__ = ["WorkerHalf"]
 
