@@ -46,22 +46,27 @@ class BlockLoads:
     async def _drop(self, victims: list[bytes]) -> int:
         raise NotImplementedError  # KVBlockStore's
 
+    def _touch(self, hashes: list[bytes]) -> None:
+        raise NotImplementedError  # KVBlockStore's
+
     def _info(self, block_hash: bytes | None) -> BlockInfo | None:
         return self._index.blocks.get(block_hash) if block_hash is not None else None
 
-    async def load(self, hashes: Any, into: torch.Tensor) -> int:
+    async def load(self, hashes: Any, into: torch.Tensor, *, touch: bool = False) -> int:
         """Fill ``into[i]`` (shape ``[n, *block_shape]``, the fingerprint's dtype) with block
-        ``hashes[i]`` for the leading run of cached, intact blocks; returns how many."""
+        ``hashes[i]`` for the leading run of cached, intact blocks; returns how many. With
+        ``touch`` the loaded blocks count as used (for callers that looked up without)."""
         chain = check_hashes(hashes)
         self._check_blocks(into, len(chain), "into")
         count = self._index.prefix_length(chain)
         if not count:
             return 0
         keys = [self._index.blocks[h].key for h in chain[:count]]
+        if touch:
+            self._touch(chain[:count])
         if self.compression is None and into.device.type == "cpu" and into.is_contiguous():
             outs: list[Any] = [into[i] for i in range(count)]
-            loaded = await self._read(chain, keys, outs)
-            return loaded
+            return await self._read(chain, keys, outs)
         staging = torch.empty((count, self.object_bytes), dtype=torch.uint8)
         loaded = await self._read(chain, keys, [staging[i] for i in range(count)])
         if self.compression is not None:

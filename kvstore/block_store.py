@@ -117,19 +117,30 @@ class KVBlockStore(BlockLoads):
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._index.blocks
 
-    async def lookup(self, hashes: Iterable[bytes]) -> int:
-        """How many of ``hashes``, from the first, are cached (no I/O); touches those."""
+    async def lookup(self, hashes: Iterable[bytes], *, touch: bool = True) -> int:
+        """How many of ``hashes``, from the first, are cached (no I/O). With ``touch`` those
+        count as used (the policy's hit); without, the call changes nothing (vLLM's scheduler
+        asks again and again about one request: its load touches instead)."""
         chain = check_hashes(hashes)
         count = self._index.prefix_length(chain)
-        for block_hash in chain[:count]:
-            self._policy.touch(self._index.blocks[block_hash].key)
+        if not touch:
+            return count
+        self._touch(chain[:count])
         self.counters["lookups"] += 1
         self.counters["hit_blocks"] += count
         self.counters["miss_blocks"] += len(chain) - count
         return count
 
-    async def lookup_many(self, chains: Iterable[Iterable[bytes]]) -> list[int]:
-        return [await self.lookup(chain) for chain in chains]
+    async def lookup_many(
+        self, chains: Iterable[Iterable[bytes]], *, touch: bool = True
+    ) -> list[int]:
+        return [await self.lookup(chain, touch=touch) for chain in chains]
+
+    def _touch(self, hashes: list[bytes]) -> None:
+        for block_hash in hashes:
+            info = self._index.blocks.get(block_hash)
+            if info is not None:
+                self._policy.touch(info.key)
 
     # ------------------------------------------------------------------ writes
     async def store(

@@ -53,16 +53,16 @@ class SyncKVBlockStore:
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self._runtime.submit(coroutine).result(self._timeout_s)
 
-    def lookup(self, hashes: Iterable[bytes]) -> int:
-        return self._run(self.store.lookup(list(hashes)))
+    def lookup(self, hashes: Iterable[bytes], *, touch: bool = True) -> int:
+        return self._run(self.store.lookup(list(hashes), touch=touch))
 
     def store_blocks(
         self, hashes: Iterable[bytes], blocks: torch.Tensor, *, parent: bytes | None = None
     ) -> int:
         return self._run(self.store.store(list(hashes), blocks, parent=parent))
 
-    def load(self, hashes: Iterable[bytes], into: torch.Tensor) -> int:
-        return self._run(self.store.load(list(hashes), into))
+    def load(self, hashes: Iterable[bytes], into: torch.Tensor, *, touch: bool = False) -> int:
+        return self._run(self.store.load(list(hashes), into, touch=touch))
 
     def load_layer(self, hashes: Iterable[bytes], layer: int, into: torch.Tensor) -> int:
         return self._run(self.store.load_layer(list(hashes), layer, into))

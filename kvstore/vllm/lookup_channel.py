@@ -95,7 +95,7 @@ class LookupServer:
 
     def _lookup(self, hashes: list[bytes]) -> int:
         try:
-            return self._store.lookup(hashes) if hashes else 0
+            return self._store.lookup(hashes, touch=False) if hashes else 0
         except Exception:  # a store error is a miss for the scheduler, logged here
             _log.exception("tierkit: KV store lookup failed")
             return 0
@@ -143,7 +143,7 @@ class LookupClient:
             return 0
         local = _LOCAL.get(self._name)
         if local is not None:
-            return local.lookup(hashes)
+            return local.lookup(hashes, touch=False)
         if self._sock is None:
             self._sock = self._connect()
             if self._sock is None:

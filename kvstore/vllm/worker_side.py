@@ -83,7 +83,7 @@ class WorkerHalf:
             staging = torch.empty((count, *self.fingerprint.block_shape),
                                   dtype=self.fingerprint.torch_dtype)  # fmt: skip
             try:
-                loaded = self.store.load(load.hashes, staging)
+                loaded = self.store.load(load.hashes, staging, touch=True)
             except Exception:  # a broken store must cost a recompute, not the server
                 _log.exception("tierkit: loading %d blocks failed", count)
                 loaded = 0

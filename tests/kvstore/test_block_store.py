@@ -224,3 +224,24 @@ def test_a_compressed_store_round_trips_within_the_codec_error(tmp_path: Path) -
         await plain.aclose()
 
     run(body())
+
+
+def test_a_lookup_without_touch_changes_nothing(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = await _open(tmp_path, blocks=2, policy="lru")
+        old, new = chain("old", 1), chain("new", 1)
+        await store.store(old, blocks_of(old))
+        await store.store(new, blocks_of(new))
+        for _ in range(3):  # a scheduler asking again and again: old stays least recent
+            assert await store.lookup(old, touch=False) == 1
+        assert store.stats()["lookups"] == 0
+        third = chain("third", 1)
+        await store.store(third, blocks_of(third))
+        assert await store.lookup(old, touch=False) == 0  # evicted: never touched
+        into = torch.empty((1, *FP.block_shape), dtype=FP.torch_dtype)
+        assert await store.load(new, into, touch=True) == 1  # the load is the use
+        await store.store(old, blocks_of(old))
+        assert await store.lookup(new, touch=False) == 1 and await store.lookup(third) == 0
+        await store.aclose()
+
+    run(body())
