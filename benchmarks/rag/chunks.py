@@ -57,7 +57,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.questions = args.questions or (20 if quick else 100)
-    args.requests = args.requests or (40 if quick else 300)
+    args.requests = args.requests or (40 if quick else 200)
     args.rounds = args.rounds or (2 if quick else 3)
     default = "0,0.15,0.3" if quick else "0,0.05,0.15,0.3,1"
     args.fractions = [float(f) for f in (args.fractions or default).split(",")]
