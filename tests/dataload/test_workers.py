@@ -100,6 +100,7 @@ def test_a_killed_worker_raises_and_the_state_resumes(stamped) -> None:
         assert time.monotonic() - started < 10  # an error, never a hang
         assert caught.value.exitcode == -signal.SIGKILL
         state = loader.state_dict()
+    assert shm_names(os.getpid()) == []  # close() itself unlinked them (no collection needed)
     assert state["samples_consumed"] == len(got)
     with ShuffledLoader(source, batch, seed=2, transform=_work.stamp_id, num_workers=1) as again:
         again.load_state_dict(state)
