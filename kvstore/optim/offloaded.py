@@ -2,8 +2,9 @@
 tier (DRAM or NVMe), streamed through a few staging buffers subgroup by subgroup.
 
 It is a real Optimizer (``defaults``, ``param_groups``, hooks, ``zero_grad``, every LR
-scheduler: each step reads the groups' current hyperparameters). ``self.state`` stays empty;
-the state is in the tier and ``state_dict()`` exports it in torch's layout (state_dict.py).
+scheduler: each step reads the groups' current hyperparameters). ``self.state`` holds only the
+per-parameter scalars (``step``); the per-element states are in the tier, and ``state_dict()``
+exports them in torch's layout (state_dict.py).
 ``step`` streams the subgroups that hold at least one parameter with a gradient
 (versioned.VersionedState.commit): read the subgroup's object, copy its gradients in, step it
 with the wrapped optimizer (inner.SubgroupStepper), copy the new weights to the parameters,
@@ -19,6 +20,7 @@ parameters partly updated; the stored (NVMe) state stays at the previous committ
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,7 +30,7 @@ from kvstore.optim import state_dict as sd_io
 from kvstore.optim.inner import SubgroupStepper, sections
 from kvstore.optim.layout import OffloadError, Subgroup, build_layout
 from kvstore.optim.pipeline import Staging
-from kvstore.optim.schema import probe_schema
+from kvstore.optim.schema import probe_schema, scalar_from_json
 from kvstore.optim.state_tier import StateTier
 from kvstore.optim.transfer import check_params, gather_grads, gather_params, scatter_params
 from kvstore.optim.versioned import VersionedState
@@ -112,6 +114,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             self.resumed = self._versions.open(self._initial)
             if self.resumed:
                 self.load_params()
+            self._refresh_state()
         except BaseException:
             self.close()
             raise
@@ -137,6 +140,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         buffer.zero_()
         gather_params(subgroup, self._params, sections(buffer, subgroup, 1)[0])
         return self._stepper.step(subgroup, buffer, None, [], self._hyper(subgroup), {})
+
+    def _refresh_state(self) -> None:
+        """``self.state`` holds, for each parameter with state, its scalars (``step``): torch
+        code that asks whether an optimizer has state (DCP's ``_init_optim_state``) sees what it
+        would see with the wrapped optimizer; the per-element states stay in the tier."""
+        state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
+        for index, scalars in self.versions.manifest.scalars.items():
+            state[self._params[index]] = {k: scalar_from_json(v) for k, v in scalars.items()}
+        self.state = state
 
     def load_params(self) -> None:
         """Copy the committed master weights into the parameters (done on resume/restore)."""
@@ -191,6 +203,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             return out
 
         versions.commit(todo, step_one)
+        self._refresh_state()
         return loss
 
     # ------------------------------------------------------------------ checkpoints
@@ -208,6 +221,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         parameters; the objects of the abandoned steps are deleted."""
         self.versions.restore(name)
         self.load_params()
+        self._refresh_state()
 
     def delete_checkpoint(self, name: str) -> None:
         self.versions.delete_checkpoint(name)

@@ -162,6 +162,7 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
         return opt._stepper.step(subgroup, buffer, None, [], opt._hyper(subgroup), scalars)
 
     opt.versions.commit(opt.subgroups, fill, read=False, scalars={})
+    opt._refresh_state()
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
 

@@ -76,6 +76,10 @@ def test_state_dict_is_the_torch_optimizers_own() -> None:
         train(model, opt, 7)  # the rare parameter has state, stepped on steps 0, 3, 6
         _, ref_opt = _reference(7)
         _assert_same_state(_saved(opt.state_dict()), ref_opt.state_dict())
+        # .state holds the scalars, for the parameters torch's optimizer has state for
+        ours = [opt.state[p]["step"] for g in opt.param_groups for p in g["params"]]
+        theirs = [ref_opt.state[p]["step"] for g in ref_opt.param_groups for p in g["params"]]
+        assert ours == theirs and len(opt.state) == len(ref_opt.state)
 
 
 def test_a_torch_optimizers_state_migrates_in_and_out() -> None:
