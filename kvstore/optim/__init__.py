@@ -1,6 +1,23 @@
-"""kvstore.optim: optimizer-state offload. ``OffloadedOptimizer`` wraps an elementwise torch
-optimizer and keeps its fp32 master weights and states in a tier (DRAM or NVMe), streamed
-subgroup by subgroup through a few staging buffers; ``OffloadError`` is what it refuses with.
+"""kvstore.optim: optimizer-state offload.
+
+``OffloadedOptimizer`` wraps an elementwise torch optimizer (AdamW, Adam, SGD, Adagrad,
+RMSprop, NAdam, ...) and keeps its fp32 master weights and states in a tier (DRAM, or NVMe in
+a directory), streamed subgroup by subgroup through a few reusable staging buffers; updates
+are bit-identical to the wrapped optimizer's in memory::
+
+    opt = OffloadedOptimizer(model.parameters(), torch.optim.AdamW, tier="nvme",
+                             directory="/nvme/run1", subgroup_bytes=64 << 20, lr=1e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step(); sched.step(); opt.zero_grad()
+    torch.save(opt.state_dict(), "optimizer.pt")   # torch's layout, weights_only loadable
+    opt.checkpoint("step-1000")                    # NVMe: a manifest, no copy
+    opt.close()
+
+Host memory: ``slots * (1 + states) * subgroup_bytes`` (rounded up to pages) plus one
+subgroup of gradients, ``slots`` = 3 by default or as ``host_budget_bytes`` allows (at least
+1), whatever the model size. ``OffloadError`` (a ``tiers.TierkitError``) is what it refuses
+with.
 """
 
 from kvstore.optim.layout import OffloadError

@@ -1,0 +1,85 @@
+"""stream overlaps read i+1 / step i / write i-1 without ever touching a slot that has I/O in
+flight; Staging's host memory depends on the subgroup size, not on the model's."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+import torch
+
+from kvstore.optim import OffloadedOptimizer
+from kvstore.optim.pipeline import stream
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_no_slot_is_used_while_its_io_is_in_flight(slots: int) -> None:
+    busy: dict[int, str] = {}  # slot -> the I/O in flight on it
+    lock = threading.Lock()
+    log: list[str] = []
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+
+    def io(kind: str, item: int, slot: int) -> concurrent.futures.Future[object]:
+        with lock:
+            assert slot not in busy, f"{kind} {item} on slot {slot} while {busy[slot]}"
+            busy[slot] = f"{kind} {item}"
+            log.append(f"{kind}{item}")
+
+        def run() -> None:
+            time.sleep(0.002)
+            with lock:
+                del busy[slot]
+
+        return pool.submit(run)
+
+    def compute(item: int, slot: int) -> None:
+        with lock:
+            assert slot not in busy, f"step {item} on slot {slot} while {busy[slot]}"
+            log.append(f"step{item}")
+
+    stream(
+        list(range(8)),
+        slots,
+        lambda i, s: io("read", i, s),
+        compute,
+        lambda i, s: io("write", i, s),
+    )
+    assert not busy
+    assert [e for e in log if e.startswith("step")] == [f"step{i}" for i in range(8)]
+    if slots > 1:  # the next read is issued before the step
+        assert log.index("read1") < log.index("step0")
+
+
+def test_a_failing_step_waits_for_the_io_it_started() -> None:
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    started: list[concurrent.futures.Future[object]] = []
+
+    def read(item: int, slot: int) -> concurrent.futures.Future[object]:
+        started.append(pool.submit(time.sleep, 0.05))
+        return started[-1]
+
+    def compute(item: int, slot: int) -> None:
+        raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        stream([0, 1, 2], 3, read, compute, lambda i, s: None)
+    assert all(f.done() for f in started)  # no buffer is given back with a read landing
+
+
+def test_host_memory_depends_on_the_subgroup_not_the_model() -> None:
+    sizes = {}
+    for numel in (10_000, 400_000):
+        params = [torch.nn.Parameter(torch.zeros(numel))]
+        with OffloadedOptimizer(params, torch.optim.AdamW, subgroup_bytes=4 * 4096) as opt:
+            sizes[numel] = opt.staging.host_bytes
+            assert len(opt.staging.slots) == 3
+    assert sizes[10_000] == sizes[400_000] == 4 * 4096 * (3 * 3 + 1)
+    params = [torch.nn.Parameter(torch.zeros(100_000))]
+    budget = 4 * 4096 * (3 + 1)  # one object (master + 2 moments) and the gradients
+    with OffloadedOptimizer(params, subgroup_bytes=4 * 4096, host_budget_bytes=budget) as opt:
+        assert len(opt.staging.slots) == 1 and opt.staging.host_bytes == budget
+        params[0].grad = torch.ones_like(params[0])
+        opt.step()  # one slot: read, step, write in turn
+        assert opt.committed_step == 1
