@@ -6,6 +6,11 @@
 (:mod:`~dataload.workers.shm`), a worker transforms its batch in place and writes the collated
 tensors into another slab; only small task records cross the pipes
 (:mod:`~dataload.workers.protocol`). :class:`ProcessFetcher` ties this to the loader.
+
+As with DataLoader under spawn or forkserver (its default on macOS), the work goes to the
+workers by pickle -- a transform must be a module-level function, not a lambda (a loader given
+one runs it in threads instead and says so) -- and the forkserver imports the main script, so a
+script starting a loader needs ``if __name__ == "__main__":``.
 """
 
 from dataload.workers.fetcher import ProcessFetcher
