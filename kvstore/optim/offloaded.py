@@ -38,7 +38,7 @@ from tiers import IORuntime, default_runtime
 
 __all__ = ["OffloadedOptimizer"]
 
-_MAX_SLOTS = 3  # read ahead, step, write behind: more buys no overlap
+_MAX_SLOTS = 3  # read ahead, step, write behind: more buys no overlap (nor do more than subgroups)
 
 
 class OffloadedOptimizer(torch.optim.Optimizer):
@@ -90,7 +90,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         object_bytes = max((s.object_bytes(count) for s in self.subgroups), default=4096)
         grad_bytes = max((s.stride * 4 for s in self.subgroups), default=4096)
         budget = host_budget_bytes or _MAX_SLOTS * object_bytes + grad_bytes
-        slots = min(_MAX_SLOTS, (budget - grad_bytes) // object_bytes)
+        slots = min(_MAX_SLOTS, max(1, len(self.subgroups)), (budget - grad_bytes) // object_bytes)
         if slots < 1:
             raise OffloadError(
                 f"host_budget_bytes={budget} is less than one subgroup's staging "
