@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.optim.model import build_params, peak_rss_bytes, rss_bytes
+from benchmarks.optim.model import build_params, disk_io_bytes, peak_rss_bytes, rss_bytes
 
 ADAMW = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
 
@@ -98,12 +98,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     setup_s = time.perf_counter() - setup_start_s
     times_s: list[float] = []
+    io_moved = [0, 0]
     for index in range(args.warmup + args.steps):
         engine.backward(engine())
+        io_before = disk_io_bytes()
         start_s = time.perf_counter()
         engine.step()
         if index >= args.warmup:
             times_s.append(time.perf_counter() - start_s)
+            io_after = disk_io_bytes()
+            io_moved = [m + a - b for m, a, b in zip(io_moved, io_after, io_before, strict=True)]
     swap_files = [p for p in args.directory.rglob("*") if p.is_file()] if args.directory else []
     record = {
         "system": f"deepspeed-{args.device}",
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_rss_bytes": model_rss,
         "peak_rss_bytes": peak_rss_bytes(),
         "deepspeed": deepspeed.__version__,
+        "disk_read_write_bytes_per_step": [moved // args.steps for moved in io_moved],
         "directory_bytes": sum(path.stat().st_size for path in swap_files),
         "zero_stage": config["zero_optimization"]["stage"],
     }

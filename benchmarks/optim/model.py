@@ -12,7 +12,14 @@ import os
 
 import torch
 
-__all__ = ["HIDDEN", "build_params", "param_shapes", "peak_rss_bytes", "rss_bytes"]
+__all__ = [
+    "HIDDEN",
+    "build_params",
+    "disk_io_bytes",
+    "param_shapes",
+    "peak_rss_bytes",
+    "rss_bytes",
+]
 
 HIDDEN = 1024
 _FFN = 4 * HIDDEN
@@ -70,3 +77,14 @@ def rss_bytes() -> int:
 def peak_rss_bytes() -> int:
     """High-water mark of this process's resident set (VmHWM)."""
     return _status_kib("VmHWM") * 1024
+
+
+def disk_io_bytes() -> tuple[int, int]:
+    """(read, written) bytes this process has made the block layer move (/proc/self/io
+    ``read_bytes``/``write_bytes``: O_DIRECT and io_uring I/O counted, page-cache hits not)."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{os.getpid()}/io", encoding="ascii") as io_file:
+        for line in io_file:
+            name, _, value = line.partition(":")
+            fields[name] = int(value)
+    return fields["read_bytes"], fields["write_bytes"]

@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if ds_absent:
         systems = [name for name in systems if not name.startswith("deepspeed-")]
         print(f"[optim.step] DeepSpeed skipped: {ds_absent}", file=sys.stderr, flush=True)
+    load_start = os.getloadavg()
     exact_dir = remove_at_exit(OUT_DIR / "optim-exact", args.keep_data)
     shutil.rmtree(exact_dir, ignore_errors=True)
     exact_runs = [check_exact("dram", None), check_exact("nvme", exact_dir / "nvme")]
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     summary["mode"] = "quick" if args.quick else "full"
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "quick"}
     summary["machine"] = f"{platform.node()} {platform.release()}, nproc={os.cpu_count()}"
+    summary["loadavg_1_5_15"] = {"start": load_start, "end": os.getloadavg()}
     summary["date_utc"] = datetime.datetime.now(datetime.UTC).isoformat(" ", "seconds")
     line = json.dumps(summary)
     (OUT_DIR / "optim-step.json").write_text(line + "\n")

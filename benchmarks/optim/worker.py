@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.optim.model import build_params, peak_rss_bytes, rss_bytes
+from benchmarks.optim.model import build_params, disk_io_bytes, peak_rss_bytes, rss_bytes
 
 SYSTEMS = ("torch", "ours-dram", "ours-nvme")
 ADAMW_KWARGS: dict[str, Any] = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
@@ -63,16 +63,22 @@ def directory_bytes(directory: Path | None) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
-def run_steps(optimizer: torch.optim.Optimizer, warmup: int, steps: int) -> list[float]:
-    """Wall seconds of each of ``steps`` timed ``step()`` calls after ``warmup`` untimed ones."""
+def run_steps(
+    optimizer: torch.optim.Optimizer, warmup: int, steps: int
+) -> tuple[list[float], list[int]]:
+    """Wall seconds of each of ``steps`` timed ``step()`` calls after ``warmup`` untimed ones,
+    and the disk bytes (read, written) the timed steps moved per step."""
     for _ in range(warmup):
         optimizer.step()
     times_s = []
+    io_before = disk_io_bytes()
     for _ in range(steps):
         start_s = time.perf_counter()
         optimizer.step()
         times_s.append(time.perf_counter() - start_s)
-    return times_s
+    io_after = disk_io_bytes()
+    moved = [after - before for before, after in zip(io_before, io_after, strict=True)]
+    return times_s, [count // steps for count in moved]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_start_s = time.perf_counter()
     with open_optimizer(args.system, params, args.directory, args.subgroup_bytes) as optimizer:
         setup_s = time.perf_counter() - setup_start_s
-        times_s = run_steps(optimizer, args.warmup, args.steps)
+        times_s, io_per_step = run_steps(optimizer, args.warmup, args.steps)
         disk_bytes = directory_bytes(args.directory)
     record = {
         "system": args.system,
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_bytes": peak_rss_bytes(),
         "checksum": float(sum(p.detach().double().sum() for p in params[:4])),
         "directory_bytes": disk_bytes,
+        "disk_read_write_bytes_per_step": io_per_step,
     }
     print(json.dumps(record), flush=True)
 
