@@ -44,6 +44,8 @@ def _system_summary(samples: list[dict[str, Any]], params: int) -> dict[str, Any
     }
     if model:
         summary["rss_beyond_model_bytes_per_param"] = (peak - model) / params
+    plain = {"step_s", "peak_rss_bytes", "model_rss_bytes", "system", "params", "checksum"}
+    summary["round_details"] = [{k: v for k, v in s.items() if k not in plain} for s in samples]
     return summary
 
 
