@@ -60,7 +60,7 @@ def check_hashes(hashes: Iterable[bytes]) -> list[bytes]:
     return checked
 
 
-@dataclass
+@dataclass(slots=True)
 class BlockInfo:
     key: str
     parent: bytes | None

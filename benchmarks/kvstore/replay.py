@@ -39,6 +39,7 @@ __all__ = [
     "REPLAY_FP",
     "ReplayCounts",
     "directory_bytes",
+    "disk_bytes_for",
     "open_replay_store",
     "replay_requests",
 ]
@@ -95,6 +96,16 @@ def directory_bytes(directory: Path, prefix: str = "") -> int:
     return total
 
 
+def disk_bytes_for(capacity_blocks: int) -> int:
+    """The ``disk_bytes`` that hold ``capacity_blocks`` replay blocks: with their catalog
+    where the store charges it against the disk cap (``KVBlockStore.disk_bytes_for``), else
+    the blocks' bytes."""
+    sizing = getattr(KVBlockStore, "disk_bytes_for", None)
+    if sizing is None:
+        return capacity_blocks * REPLAY_FP.block_bytes
+    return int(sizing(capacity_blocks, REPLAY_FP.block_bytes))
+
+
 async def open_replay_store(
     directory: Path, capacity_blocks: int, policy: str, tier: str, *, create: bool = True
 ) -> KVBlockStore:
@@ -102,8 +113,9 @@ async def open_replay_store(
     capacity_bytes = capacity_blocks * REPLAY_FP.block_bytes
     if tier == "disk":
         return await KVBlockStore.open(
-            directory, REPLAY_FP, disk_bytes=capacity_bytes, policy=policy, create=create
-        )
+            directory, REPLAY_FP, disk_bytes=disk_bytes_for(capacity_blocks), policy=policy,
+            create=create,
+        )  # fmt: skip
     if tier == "dram":
         return await KVBlockStore.open(None, REPLAY_FP, dram_bytes=capacity_bytes, policy=policy)
     raise ValueError(f"tier must be 'disk' or 'dram', got {tier!r}")
@@ -116,9 +128,12 @@ async def replay_requests(
     *,
     directory: Path | None = None,
     disk_cap_bytes: int = 0,
+    data_cap_bytes: int | None = None,
     du_every: int = 500,
 ) -> ReplayCounts:
-    """Replay ``requests`` on ``store``, adding to ``counts`` (returned)."""
+    """Replay ``requests`` on ``store``, adding to ``counts`` (returned). The directory is
+    checked against ``disk_cap_bytes`` (the store's ``disk_bytes``), its extent files against
+    ``data_cap_bytes`` (default: the same)."""
     longest = max((len(chain) for chain in requests), default=0)
     blocks = torch.zeros((max(longest, 1), *REPLAY_FP.block_shape), dtype=REPLAY_FP.torch_dtype)
     start_s = time.perf_counter()
@@ -141,7 +156,8 @@ async def replay_requests(
             used = directory_bytes(directory)
             counts.max_directory_bytes = max(counts.max_directory_bytes, used)
             counts.disk_overrun_bytes = max(counts.disk_overrun_bytes, used - disk_cap_bytes)
-            extents = directory_bytes(directory, _EXTENT_PREFIX) - disk_cap_bytes
+            data_cap = disk_cap_bytes if data_cap_bytes is None else data_cap_bytes
+            extents = directory_bytes(directory, _EXTENT_PREFIX) - data_cap
             counts.max_extent_overrun_bytes = max(counts.max_extent_overrun_bytes, extents)
     counts.elapsed_s += time.perf_counter() - start_s
     return counts

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from kvstore import KVBlockStore
-from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain
+from tests.kvstore.blocks import FP, blocks_of, chain, disk_for
 
 
 def schedule(seed: int, count: int = 100_000) -> list[list[bytes]]:
@@ -29,7 +29,7 @@ def schedule(seed: int, count: int = 100_000) -> list[list[bytes]]:
 
 
 async def main(directory: str, seed: int, capacity_blocks: int) -> None:
-    store = await KVBlockStore.open(directory, FP, disk_bytes=capacity_blocks * BLOCK_BYTES)
+    store = await KVBlockStore.open(directory, FP, disk_bytes=disk_for(capacity_blocks))
     print("ready", flush=True)
     chains = iter(schedule(seed))
     in_flight = asyncio.Semaphore(4)

@@ -20,6 +20,13 @@ FP = ModelFingerprint(
 BLOCK_BYTES = FP.block_bytes  # 8 KiB
 
 
+def disk_for(blocks: int) -> int:
+    """A store's ``disk_bytes`` that hold exactly ``blocks`` test blocks."""
+    from kvstore import KVBlockStore
+
+    return KVBlockStore.disk_bytes_for(blocks, BLOCK_BYTES)
+
+
 def block_of(block_hash: bytes, fingerprint: ModelFingerprint = FP) -> torch.Tensor:
     """The one block content a hash stands for in these tests (so a reader can check it)."""
     seed = int.from_bytes(hashlib.sha256(block_hash).digest()[:8], "little")

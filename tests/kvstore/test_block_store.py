@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from kvstore import KVBlockStore, ModelFingerprint
-from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, run
+from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, disk_for, run
 from tiers import ConfigError, InvalidArgumentError, TierkitError
 
 
 async def _open(path: Path, blocks: int = 16, **options: object) -> KVBlockStore:
-    options.setdefault("disk_bytes", blocks * BLOCK_BYTES)
+    options.setdefault("disk_bytes", disk_for(blocks))
     return await KVBlockStore.open(path, FP, **options)  # type: ignore[arg-type]
 
 
@@ -62,7 +62,7 @@ def test_models_never_see_each_others_blocks(tmp_path: Path) -> None:
         store = await _open(tmp_path)
         await store.store(hashes, blocks_of(hashes))
         await store.aclose()
-        store = await KVBlockStore.open(tmp_path, other, disk_bytes=16 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, other, disk_bytes=disk_for(16))
         assert await store.lookup(hashes) == 0 and len(store) == 0
         await store.aclose()
 
@@ -185,7 +185,7 @@ def test_the_sync_store_serves_many_threads(tmp_path: Path) -> None:
 
     from kvstore import SyncKVBlockStore
 
-    with SyncKVBlockStore.open(tmp_path, FP, disk_bytes=64 * BLOCK_BYTES) as store:
+    with SyncKVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(64)) as store:
 
         def worker(name: str) -> bool:
             hashes = chain(name, 3)

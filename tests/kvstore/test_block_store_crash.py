@@ -13,7 +13,7 @@ import torch
 
 from kvstore import KVBlockStore, chain_hashes
 from tests.kvstore import block_crash_writer as writer
-from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, run
+from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, disk_for, run
 from tests.vectordb.helpers import run_and_kill
 
 
@@ -31,7 +31,7 @@ def test_kill_9_loses_no_acknowledged_block(
     assert acked >= acks
 
     async def check() -> None:
-        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=100_000 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(100_000))
         for hashes in _acked_chains(seed, acked):
             assert await store.lookup(hashes) == len(hashes)
             into = torch.empty((len(hashes), *FP.block_shape), dtype=FP.torch_dtype)
@@ -55,7 +55,7 @@ def test_kill_9_under_a_tight_cap_leaves_a_consistent_bounded_store(tmp_path: Pa
     process.stdout.close()
 
     async def check() -> None:
-        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=24 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(24))
         assert 0 < len(store) <= 24
         assert store.stats()["tiers"]["nvme"]["used_bytes"] <= 24 * BLOCK_BYTES
         hashes = list(store._index.blocks)
@@ -88,7 +88,7 @@ def test_a_damaged_block_is_dropped_never_returned(tmp_path: Path) -> None:
     hashes = chain("damaged", 4)
 
     async def write() -> None:
-        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=16 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(16))
         await store.store(hashes, blocks_of(hashes))
         await store.aclose()
 
@@ -96,7 +96,7 @@ def test_a_damaged_block_is_dropped_never_returned(tmp_path: Path) -> None:
     assert _flip_every_record(tmp_path) >= 4
 
     async def check() -> None:
-        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=16 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(16))
         assert await store.lookup(hashes) == 4  # the index does not read blocks
         into = torch.zeros((4, *FP.block_shape), dtype=FP.torch_dtype)
         assert await store.load(hashes, into) == 0
@@ -130,7 +130,7 @@ def test_block_hashes_are_the_same_in_every_process() -> None:
 
 def test_a_second_process_cannot_open_a_store_in_use(tmp_path: Path) -> None:
     async def hold() -> None:
-        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=8 * BLOCK_BYTES)
+        store = await KVBlockStore.open(tmp_path, FP, disk_bytes=disk_for(8))
         code = (
             "import asyncio, sys; sys.path.insert(0, '.');"
             "from kvstore import KVBlockStore; from tests.kvstore.blocks import FP;"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvstore import KVBlockStore
-from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain
+from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, disk_for
 
 CAPACITY_BLOCKS = 10
 CHAINS = [chain(f"c{i}", 6, root=chain("root", 1) if i % 2 else None) for i in range(6)]
@@ -40,7 +40,7 @@ class BlockStoreMachine(RuleBasedStateMachine):
     def _open(self) -> KVBlockStore:
         return self.run(
             KVBlockStore.open(
-                self.directory.name, FP, disk_bytes=CAPACITY_BLOCKS * BLOCK_BYTES,
+                self.directory.name, FP, disk_bytes=disk_for(CAPACITY_BLOCKS),
                 dram_bytes=3 * BLOCK_BYTES, policy=self.policy,
             )
         )  # fmt: skip

@@ -77,10 +77,19 @@ class TieredStore(StoreReads):
         self.owned_runtime: IORuntime | None = None  # closed by aclose (set by open_store)
         for index, tier in enumerate(self.tiers):  # objects that survived a restart
             if tier.supports_persistence:
-                for key in list(tier.keys()):
-                    entry = self._entries.setdefault(key, Entry(tier.size_of(key) or 0))
-                    entry.copies.append(index)
-                    self._policies[index].admit(key, entry.size_bytes, self._refetch_s(index, 0))
+                self._adopt(index, tier)
+
+    def _adopt(self, index: int, tier: Tier) -> None:
+        """Index the objects a persistent tier holds (a reopen: per key only dict work, since
+        a million keys is a million passes through this loop)."""
+        entries, size_of = self._entries, tier.size_of
+        admit, refetch_s = self._policies[index].admit, self._refetch_s(index, 0)
+        for key in list(tier.keys()):
+            entry = entries.get(key)
+            if entry is None:
+                entry = entries[key] = Entry(size_of(key) or 0)
+            entry.copies.append(index)
+            admit(key, entry.size_bytes, refetch_s)
 
     def size_of(self, key: str) -> int | None:
         entry = self._entries.get(key)

@@ -31,6 +31,7 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
 
+from kvstore import KVBlockStore
 from kvstore.vllm.offloading import TierkitOffloadingSpec
 from kvstore.vllm.secondary_tier import TierkitSecondaryTier
 
@@ -195,7 +196,7 @@ def test_secondary_tier_cascades_and_promotes_chunks_through_the_memoryview(tmp_
 
 def test_secondary_tier_keeps_to_its_capacity(tmp_path: Path) -> None:
     _, view = _primary(seed=3)
-    tier = _tier(tmp_path, view, disk_bytes=4 * CHUNK_BYTES)
+    tier = _tier(tmp_path, view, disk_bytes=KVBlockStore.disk_bytes_for(4, CHUNK_BYTES))
     for job in range(4):
         keys = _keys(2, bytes([job + 1]))
         tier.submit_store(TransferJob(job, keys, np.array([2 * job % SLOTS, 2 * job % SLOTS + 1]),
