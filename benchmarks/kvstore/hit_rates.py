@@ -23,7 +23,13 @@ from typing import Any
 
 from benchmarks.kvstore.belady import belady
 from benchmarks.kvstore.lru_model import lru_prefix_hits, lru_store_model_hits
-from benchmarks.kvstore.replay import REPLAY_FP, ReplayCounts, open_replay_store, replay_requests
+from benchmarks.kvstore.replay import (
+    REPLAY_FP,
+    ReplayCounts,
+    disk_bytes_for,
+    open_replay_store,
+    replay_requests,
+)
 
 __all__ = ["POLICIES", "capacity_cell", "replay_policy"]
 
@@ -42,16 +48,27 @@ async def replay_policy(
     shutil.rmtree(directory, ignore_errors=True)
     store = await open_replay_store(directory, capacity_blocks, policy, tier)
     disk = directory if tier == "disk" else None
-    cap_bytes = capacity_blocks * REPLAY_FP.block_bytes
+    cap_bytes = disk_bytes_for(capacity_blocks)
+    data_bytes = capacity_blocks * REPLAY_FP.block_bytes
     counts = ReplayCounts()
     half = len(requests) // 2
     try:
         await replay_requests(
-            store, requests[:half], counts, directory=disk, disk_cap_bytes=cap_bytes
+            store,
+            requests[:half],
+            counts,
+            directory=disk,
+            disk_cap_bytes=cap_bytes,
+            data_cap_bytes=data_bytes,
         )
         first_hits, first_accesses = counts.hits, counts.accesses
         await replay_requests(
-            store, requests[half:], counts, directory=disk, disk_cap_bytes=cap_bytes
+            store,
+            requests[half:],
+            counts,
+            directory=disk,
+            disk_cap_bytes=cap_bytes,
+            data_cap_bytes=data_bytes,
         )
         stats = store.stats()
     finally:

@@ -29,6 +29,7 @@ from benchmarks.kvstore.replay import (
     REPLAY_FP,
     ReplayCounts,
     directory_bytes,
+    disk_bytes_for,
     open_replay_store,
     replay_requests,
 )
@@ -42,7 +43,7 @@ async def measure_reopen(
 ) -> dict[str, Any]:
     """Fill a store with ``blocks`` blocks, then time ``repeats`` reopenings."""
     shutil.rmtree(directory, ignore_errors=True)
-    capacity_bytes = blocks * REPLAY_FP.block_bytes
+    capacity_bytes = disk_bytes_for(blocks)
     store = await KVBlockStore.open(directory, REPLAY_FP, disk_bytes=capacity_bytes)
     payload = torch.zeros((chain_blocks, *REPLAY_FP.block_shape), dtype=REPLAY_FP.torch_dtype)
     last_chain: list[bytes] = []
@@ -94,13 +95,19 @@ async def restart_hit_rates(
     the second half's hit rate (the caller sets it beside an uninterrupted replay's) and the
     capacity check of the whole run."""
     half = len(requests) // 2
-    cap_bytes = capacity_blocks * REPLAY_FP.block_bytes
+    cap_bytes = disk_bytes_for(capacity_blocks)
+    data_bytes = capacity_blocks * REPLAY_FP.block_bytes
     shutil.rmtree(directory, ignore_errors=True)
     first, second = ReplayCounts(), ReplayCounts()
     store = await open_replay_store(directory, capacity_blocks, policy, "disk")
     try:
         await replay_requests(
-            store, requests[:half], first, directory=directory, disk_cap_bytes=cap_bytes
+            store,
+            requests[:half],
+            first,
+            directory=directory,
+            disk_cap_bytes=cap_bytes,
+            data_cap_bytes=data_bytes,
         )
         held = len(store)
         await store.aclose()
@@ -109,7 +116,12 @@ async def restart_hit_rates(
         reopen_s = time.perf_counter() - start_s
         reopened = len(store)
         await replay_requests(
-            store, requests[half:], second, directory=directory, disk_cap_bytes=cap_bytes
+            store,
+            requests[half:],
+            second,
+            directory=directory,
+            disk_cap_bytes=cap_bytes,
+            data_cap_bytes=data_bytes,
         )
     finally:
         await store.aclose()
