@@ -14,13 +14,13 @@ assemble         system text + cached chunks + question -> a transformers Dynami
 generate         decode on from it with ``model.generate``
 
 chunk_format has the byte-level object format. Errors: RagError (a tiers.TierkitError),
-UnsupportedModelError, ChunkShapeError.
+UnsupportedModelError, ChunkShapeError, RagArgumentError.
 """
 
 from kvstore.rag.assemble import AssembledPrompt, Segment, assemble, generate
 from kvstore.rag.blend import BlendResult, blend_prefill
 from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo, chunk_hash
-from kvstore.rag.errors import ChunkShapeError, RagError, UnsupportedModelError
+from kvstore.rag.errors import ChunkShapeError, RagArgumentError, RagError, UnsupportedModelError
 from kvstore.rag.rope import RopeRotator
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ChunkCache",
     "ChunkInfo",
     "ChunkShapeError",
+    "RagArgumentError",
     "RagError",
     "RopeRotator",
     "Segment",

@@ -30,6 +30,7 @@ import torch
 
 from kvstore.rag.blend import blend_prefill
 from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo
+from kvstore.rag.errors import RagArgumentError
 from kvstore.rag.rope import RopeRotator
 
 __all__ = ["RULES", "AssembledPrompt", "Segment", "assemble", "generate"]
@@ -74,9 +75,9 @@ async def assemble(
     ``check_layer``), "chunk-start" (the first tokens of each reused chunk, no check) or
     "hybrid" (the check on the first ``HYBRID_CANDIDATES`` x fraction of each chunk)."""
     if rule not in RULES:
-        raise ValueError(f"rule {rule!r}: expected one of {RULES}")
+        raise RagArgumentError(f"rule {rule!r}: expected one of {RULES}")
     if not segments or segments[-1].cacheable or not segments[-1].token_ids:
-        raise ValueError("the last segment must be non-empty new text (cacheable=False)")
+        raise RagArgumentError("the last segment must be non-empty new text (cacheable=False)")
     offsets, start = [], 0
     for segment in segments:
         offsets.append(start)

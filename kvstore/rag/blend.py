@@ -3,7 +3,7 @@ whose KV the new context changes most.
 
 ``blend_prefill`` runs a Llama-style model layer by layer over a prompt of ``n`` tokens where
 some tokens' KV is reused (a chunk computed in another context) and the rest (the question,
-new text, chunks not cached) are fresh. CacheBlend's rule, with the check made cheap:
+new text, chunks not cached) are fresh. CacheBlend's rule (the default):
 
 - layers below ``check_layer`` run every token (their output is what the check needs);
 - at ``check_layer`` every reused token's K and V are projected afresh (two small matmuls,
@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from kvstore.rag.errors import UnsupportedModelError
+from kvstore.rag.errors import RagArgumentError, UnsupportedModelError
 from kvstore.rag.rope import RopeRotator
 
 __all__ = ["BlendResult", "blend_prefill", "layer_flops"]
@@ -139,11 +139,11 @@ def blend_prefill(
     from transformers.masking_utils import create_causal_mask
 
     if not 0.0 <= recompute_fraction <= 1.0:
-        raise ValueError(f"recompute_fraction {recompute_fraction} outside [0, 1]")
+        raise RagArgumentError(f"recompute_fraction {recompute_fraction} outside [0, 1]")
     base, config = model.model, model.config.get_text_config(decoder=True)
     num_layers, n = config.num_hidden_layers, input_ids.shape[1]
     if not 0 <= check_layer < num_layers:
-        raise ValueError(f"check_layer {check_layer} of a {num_layers}-layer model")
+        raise RagArgumentError(f"check_layer {check_layer} of a {num_layers}-layer model")
     device = model.device
     reused = reused.to(device)
     reused_idx = torch.nonzero(reused).flatten()
@@ -154,7 +154,7 @@ def blend_prefill(
     per_token, projection = layer_flops(config, n // 2)
     RopeRotator(model)  # refuses a length-dependent RoPE before any work
     if bool(reused[-1]):
-        raise ValueError("the prompt's last token must be fresh (the question), not reused")
+        raise RagArgumentError("the prompt's last token must be fresh (the question), not reused")
     with torch.no_grad():
         hidden = base.embed_tokens(input_ids.to(device))
         full_pe = base.rotary_emb(hidden, position_ids=positions)

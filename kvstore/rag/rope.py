@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from kvstore.rag.errors import UnsupportedModelError
+from kvstore.rag.errors import RagArgumentError, UnsupportedModelError
 
 __all__ = ["RopeRotator", "rotary_embedding_of"]
 
@@ -82,7 +82,7 @@ class RopeRotator:
             raise UnsupportedModelError(f"keys of head_dim {keys.shape[-1]}, model {self.head_dim}")
         for name, pos in (("from_positions", from_positions), ("to_positions", to_positions)):
             if tuple(pos.shape) != (tokens,):
-                raise ValueError(f"{name} must be [{tokens}], got {tuple(pos.shape)}")
+                raise RagArgumentError(f"{name} must be [{tokens}], got {tuple(pos.shape)}")
         if torch.equal(from_positions, to_positions):
             return keys.clone()
         cos_p, sin_p = (t.double() for t in self.cos_sin(from_positions, keys.dtype))

@@ -25,6 +25,7 @@ pytest.importorskip("transformers", reason="kvstore.rag needs transformers")
 from kvstore.hf_cache import fingerprint_for
 from kvstore.rag import ChunkCache, Segment, assemble, blend_prefill, generate
 from kvstore.rag.assemble import RULES
+from kvstore.rag.errors import RagArgumentError
 from tests.kvstore.rag.test_chunk_cache import flip_bytes_of
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -168,18 +169,18 @@ def test_bad_prompts_are_errors(model: Any, tmp_path: Path) -> None:
     async def main() -> None:
         cache = await _open(model, tmp_path)
         try:
-            with pytest.raises(ValueError, match="last segment"):
+            with pytest.raises(RagArgumentError, match="last segment"):
                 await assemble(model, cache, _segments([0])[:-1])
-            with pytest.raises(ValueError, match="rule"):
+            with pytest.raises(RagArgumentError, match="rule"):
                 await assemble(model, cache, _segments([0]), rule="lru")
         finally:
             await cache.aclose()
         ids = torch.arange(3, 13).unsqueeze(0)
         reused = torch.ones(10, dtype=torch.bool)
-        with pytest.raises(ValueError, match="last token"):
+        with pytest.raises(RagArgumentError, match="last token"):
             blend_prefill(model, ids, reused, lambda layer: torch.zeros(0),
                           recompute_fraction=0.5)  # fmt: skip
-        with pytest.raises(ValueError, match="recompute_fraction"):
+        with pytest.raises(RagArgumentError, match="recompute_fraction"):
             blend_prefill(model, ids, reused, lambda layer: torch.zeros(0),
                           recompute_fraction=1.5)  # fmt: skip
 

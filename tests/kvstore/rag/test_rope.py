@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers", reason="kvstore.rag needs transformers")
 
-from kvstore.rag.errors import UnsupportedModelError
+from kvstore.rag.errors import RagArgumentError, UnsupportedModelError
 from kvstore.rag.rope import RopeRotator
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -108,5 +108,5 @@ def test_bad_shapes_are_errors() -> None:
     rotator = RopeRotator(_llama())
     with pytest.raises(UnsupportedModelError):
         rotator.shift(torch.randn(2, 4, 8), 0, 1)  # head_dim 16, not 8
-    with pytest.raises(ValueError, match="to_positions"):
+    with pytest.raises(RagArgumentError, match="to_positions"):
         rotator.rerotate(torch.randn(2, 4, 16), torch.arange(4), torch.arange(3))
