@@ -132,14 +132,20 @@ async def _run(
 
     async def feed() -> None:  # on the loop: layer after layer, while the thread computes
         slots = list(hits)
-        for layer in range(first_layer, num_layers):
-            parts = await asyncio.gather(*(chunks.load_layer(hits[s], layer) for s in slots))
-            lost = [s for s, part in zip(slots, parts, strict=True) if part is None]
-            if lost:
-                for future in layers[layer:]:
-                    future.set_exception(_ChunkLost(lost))
-                return
-            layers[layer].set_result(parts)
+        try:
+            for layer in range(first_layer, num_layers):
+                parts = await asyncio.gather(*(chunks.load_layer(hits[s], layer) for s in slots))
+                lost = [s for s, part in zip(slots, parts, strict=True) if part is None]
+                if lost:
+                    raise _ChunkLost(lost)
+                layers[layer].set_result(parts)
+        except BaseException as exc:  # the thread must never wait for a layer that won't come
+            error = exc if isinstance(exc, Exception) else RuntimeError(f"loads stopped: {exc!r}")
+            for future in layers:
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(exc, _ChunkLost):
+                raise
 
     def layer_kv(layer: int) -> torch.Tensor:
         parts = layers[layer].result()

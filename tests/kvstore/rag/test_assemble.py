@@ -249,3 +249,28 @@ def test_cheaper_rules_compute_less(model: Any, tmp_path: Path) -> None:
             await cache.aclose()
 
     asyncio.run(main())
+
+
+def test_a_failing_load_raises_instead_of_hanging(model: Any, tmp_path: Path) -> None:
+    """A load that fails with an I/O error (planted on layer 2) reaches the caller; the
+    forward pass waiting for that layer in its thread is released, not left waiting."""
+    from tiers import StorageError
+
+    async def main() -> None:
+        cache = await _open(model, tmp_path)
+        try:
+            await assemble(model, cache, _segments([0, 1]))
+            real = cache.load_layer
+
+            async def failing(info: Any, layer: int) -> Any:
+                if layer == 2:
+                    raise StorageError(5, "planted: the device went away")
+                return await real(info, layer)
+
+            cache.load_layer = failing  # type: ignore[method-assign]
+            with pytest.raises(StorageError, match="planted"):
+                await asyncio.wait_for(assemble(model, cache, _segments([1, 0])), 60)
+        finally:
+            await cache.aclose()
+
+    asyncio.run(main())
