@@ -3,8 +3,9 @@
 A slot holds a subgroup's object: sections of ``stride`` fp32 elements, the master weights
 first, then one per per-element state (schema.vector_keys). For each segment (a piece of one
 parameter) the stepper makes a view of the master section as an inner parameter, gives it the
-segment's gradient (a view of the gradient buffer) and, when the parameter already has state,
-inner state entries that are views of the state sections plus its scalars from the manifest.
+segment's gradient (a view of the gradient buffer, or of the parameter's own gradient) and,
+when the parameter already has state, inner state entries that are views of the state
+sections plus its scalars from the manifest.
 A fresh inner optimizer (the user's class and flags, the group's current hyperparameters, so
 an LR scheduler's change is seen) then steps them all at once: torch skips segments without a
 gradient exactly as it skips parameters. States torch made anew (the first step) or replaced
@@ -15,6 +16,7 @@ Thread-safety: stateless between calls; the caller owns the slot and gradient bu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +25,8 @@ from kvstore.optim.layout import Subgroup
 from kvstore.optim.schema import StateSchema, scalar_from_json, scalar_to_json
 
 __all__ = ["SubgroupStepper", "sections"]
+
+Grads = torch.Tensor | Sequence[torch.Tensor | None] | None
 
 
 def sections(slot: torch.Tensor, subgroup: Subgroup, count: int) -> list[torch.Tensor]:
@@ -44,17 +48,17 @@ class SubgroupStepper:
         self,
         subgroup: Subgroup,
         parts: list[torch.Tensor],
-        grad: torch.Tensor | None,
+        grad: Grads,
         has_grad: list[bool],
         hyper: dict[str, Any],
         scalars: dict[int, dict[str, Any]],
     ) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
         views = []
-        for segment, with_grad in zip(subgroup.segments, has_grad, strict=True):
+        for i, (segment, with_grad) in enumerate(zip(subgroup.segments, has_grad, strict=True)):
             span = slice(segment.offset, segment.offset + segment.length)
             view = parts[0][span]
             if with_grad and grad is not None:
-                view.grad = grad[span]
+                view.grad = grad[span] if isinstance(grad, torch.Tensor) else grad[i]
             views.append(view)
         # the user's arguments too: some classes read them, not the group, in __init__
         # (Adagrad's initial_accumulator_value), as torch itself does
@@ -78,13 +82,14 @@ class SubgroupStepper:
         self,
         subgroup: Subgroup,
         slot: torch.Tensor,
-        grad: torch.Tensor | None,
+        grad: Grads,
         has_grad: list[bool],
         hyper: dict[str, Any],
         scalars: dict[int, dict[str, Any]],
     ) -> dict[int, dict[str, Any]]:
-        """Step the subgroup in ``slot`` (None grad: no step, only eager state is made);
-        returns the new scalars of each parameter that has state after it."""
+        """Step the subgroup in ``slot`` (None grad: no step, only eager state is made;
+        ``grad`` is the flat gradient buffer or one gradient per segment); returns the new
+        scalars of each parameter that has state after it."""
         parts = sections(slot, subgroup, self.schema.sections)
         if grad is None:
             has_grad = [False] * len(subgroup.segments)

@@ -12,6 +12,10 @@ write the object under a new version; then commit the step with the manifest. On
 replaced object is deleted as soon as its successor is stored; on NVMe only after the commit,
 so a crash mid-step leaves the previous step whole, and objects a named checkpoint holds are
 never deleted.
+With ``resident=True`` (``tier="dram"`` only) the state is not copied through a TieredStore at
+all: each subgroup's object lives in its own host buffer, stepped in place, with fp32 CPU
+gradients viewed rather than copied (resident.py); host memory is then proportional to the
+model, and there are no named checkpoints.
 
 Thread-safety: like any torch optimizer, one thread at a time. A step that raises leaves the
 parameters partly updated; the stored (NVMe) state stays at the previous committed step.
@@ -27,12 +31,24 @@ from typing import Any
 import torch
 
 from kvstore.optim import state_dict as sd_io
-from kvstore.optim.inner import SubgroupStepper, sections
+from kvstore.optim.inner import Grads, SubgroupStepper, sections
 from kvstore.optim.layout import OffloadError, Subgroup, build_layout
 from kvstore.optim.pipeline import Staging
+from kvstore.optim.resident import (
+    ResidentStaging,
+    ResidentState,
+    alias_params,
+    unalias_params,
+)
 from kvstore.optim.schema import probe_schema, scalar_from_json
 from kvstore.optim.state_tier import StateTier
-from kvstore.optim.transfer import check_params, gather_grads, gather_params, scatter_params
+from kvstore.optim.transfer import (
+    check_params,
+    gather_grads,
+    gather_params,
+    grad_views,
+    scatter_params,
+)
 from kvstore.optim.versioned import VersionedState
 from tiers import IORuntime, default_runtime
 
@@ -54,6 +70,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup_bytes: fp32 master bytes per streamed subgroup.
         host_budget_bytes: bound on staging memory; default: 3 subgroups' objects + gradients.
         runtime: the IORuntime (default: ``tiers.default_runtime()``).
+        resident: keep the DRAM state in per-subgroup host buffers stepped in place
+            (resident.py) instead of a DRAM tier: host memory ~ ``(1 + states) * 4`` bytes per
+            parameter element, no staging copies; needs ``tier="dram"``.
     Raises OffloadError (a tiers.TierkitError) for what cannot be offloaded.
     """
 
@@ -68,11 +87,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup_bytes: int = 64 << 20,
         host_budget_bytes: int | None = None,
         runtime: IORuntime | None = None,
+        resident: bool = False,
         **optimizer_kwargs: Any,
     ) -> None:
         self._tier: StateTier | None = None
-        self._staging: Staging | None = None
-        self._versions: VersionedState | None = None
+        self._aliased: dict[int, int] = {}  # resident: param index -> its master's data_ptr
+        self._staging: Staging | ResidentStaging | None = None
+        self._versions: VersionedState | ResidentState | None = None
         self.schema = probe_schema(optimizer, optimizer_kwargs)
         self.optimizer_class = optimizer
         defaults = dict(optimizer([torch.zeros(1)], **optimizer_kwargs).defaults)
@@ -97,6 +118,12 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 f"({object_bytes + grad_bytes} bytes): raise it or lower subgroup_bytes"
             )
         runtime = runtime or default_runtime()
+        self.resident = resident
+        if resident:
+            if tier != "dram":
+                raise OffloadError(f'resident=True needs tier="dram", got {tier!r}')
+            self._open_resident(runtime, grad_bytes)
+            return
         self._tier = StateTier(
             tier,
             directory,
@@ -120,6 +147,19 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             raise
 
     # ------------------------------------------------------------------ opening
+    def _open_resident(self, runtime: IORuntime, grad_bytes: int) -> None:
+        try:
+            self._staging = ResidentStaging(
+                runtime, self.subgroups, self.schema.sections, grad_bytes
+            )
+            self._versions = ResidentState(self._staging, self.subgroups, self.signature)
+            self.resumed = self._versions.open(self._initial)
+            self._refresh_state()
+            self._aliased = alias_params(self.subgroups, self._params, self._staging)
+        except BaseException:
+            self.close()
+            raise
+
     def _signature(self, subgroup_numel: int, split: bool) -> dict[str, Any]:
         cls = self.optimizer_class
         return {
@@ -161,13 +201,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ stepping
     @property
-    def versions(self) -> VersionedState:
+    def versions(self) -> VersionedState | ResidentState:
         if self._versions is None:
             raise OffloadError("this OffloadedOptimizer is closed")
         return self._versions
 
     @property
-    def staging(self) -> Staging:
+    def staging(self) -> Staging | ResidentStaging:
         if self._staging is None:
             raise OffloadError("this OffloadedOptimizer is closed")
         return self._staging
@@ -180,6 +220,11 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     def _hyper(self, subgroup: Subgroup) -> dict[str, Any]:
         group = self.param_groups[subgroup.group_index]
         return {key: value for key, value in group.items() if key != "params"}
+
+    def _is_aliased(self, index: int) -> bool:
+        """Parameter ``index`` is (still) a view of its resident master: no copy back."""
+        pointer = self._aliased.get(index)
+        return pointer is not None and self._params[index].data_ptr() == pointer
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -196,10 +241,18 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             buffer = self.staging.slot_fp32(slot, self.schema.sections * subgroup.stride)
             grad = self.staging.grad_fp32(subgroup.stride)
             mask = [has_grad[s.param_index] for s in subgroup.segments]
-            gather_grads(subgroup, self._params, grad, mask)
+            grads: Grads = grad
+            if self.resident:
+                grads = grad_views(subgroup, self._params, grad, mask)
+            else:
+                gather_grads(subgroup, self._params, grad, mask)
             hyper = self._hyper(subgroup)
-            out = self._stepper.step(subgroup, buffer, grad, mask, hyper, committed)
-            scatter_params(subgroup, self._params, sections(buffer, subgroup, 1)[0], mask)
+            out = self._stepper.step(subgroup, buffer, grads, mask, hyper, committed)
+            back = [
+                wanted and not self._is_aliased(s.param_index)
+                for s, wanted in zip(subgroup.segments, mask, strict=True)
+            ]
+            scatter_params(subgroup, self._params, sections(buffer, subgroup, 1)[0], back)
             return out
 
         versions.commit(todo, step_one)
@@ -244,6 +297,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         staging, self._staging = self._staging, None
         tier, self._tier = self._tier, None
         self._versions = None
+        aliased, self._aliased = self._aliased, {}
+        unalias_params(self._params, aliased)
         if staging is not None:
             staging.close()
         if tier is not None:

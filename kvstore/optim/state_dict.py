@@ -140,7 +140,7 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
 
     def fill(subgroup: Subgroup, slot: int) -> dict[int, Any]:
         buffer = staging.slot_fp32(slot, count * subgroup.stride)
-        buffer.zero_()
+        buffer[subgroup.numel :].zero_()  # not the masters: resident parameters may view them
         parts = sections(buffer, subgroup, count)
         gather_params(subgroup, opt._params, parts[0])
         scalars: dict[int, dict[str, Any]] = {}

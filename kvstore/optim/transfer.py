@@ -19,7 +19,7 @@ import torch
 
 from kvstore.optim.layout import OffloadError, Subgroup
 
-__all__ = ["check_params", "gather_grads", "gather_params", "scatter_params"]
+__all__ = ["check_params", "gather_grads", "gather_params", "grad_views", "scatter_params"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -67,6 +67,35 @@ def gather_grads(
         device = p.device
     if device is not None:
         _sync(device)
+
+
+def grad_views(
+    subgroup: Subgroup, params: Sequence[torch.Tensor], grad: torch.Tensor, has_grad: list[bool]
+) -> list[torch.Tensor | None]:
+    """Each segment's gradient as fp32: a view of the parameter's own gradient where it is a
+    dense contiguous fp32 CPU tensor (no copy: the resident step reads it in place, and torch
+    would step that same tensor), else a copy into the gradient buffer as ``gather_grads``."""
+    views: list[torch.Tensor | None] = []
+    copy = [False] * len(subgroup.segments)
+    for i, (segment, with_grad) in enumerate(zip(subgroup.segments, has_grad, strict=True)):
+        source = params[segment.param_index].grad if with_grad else None
+        if source is None:
+            views.append(None)
+            continue
+        span = slice(segment.offset, segment.offset + segment.length)
+        if (
+            source.dtype == torch.float32
+            and source.device.type == "cpu"
+            and source.layout == torch.strided
+            and source.is_contiguous()
+        ):
+            views.append(source.view(-1)[segment.start : segment.start + segment.length])
+        else:
+            copy[i] = True
+            views.append(grad[span])
+    if any(copy):
+        gather_grads(subgroup, params, grad, copy)
+    return views
 
 
 @torch.no_grad()
