@@ -31,24 +31,14 @@ from typing import Any
 import torch
 
 from kvstore.optim import state_dict as sd_io
+from kvstore.optim import transfer
 from kvstore.optim.inner import Grads, SubgroupStepper, sections
 from kvstore.optim.layout import OffloadError, Subgroup, build_layout
 from kvstore.optim.pipeline import Staging
-from kvstore.optim.resident import (
-    ResidentStaging,
-    ResidentState,
-    alias_params,
-    unalias_params,
-)
+from kvstore.optim.resident import ResidentStaging, ResidentState, alias_params, unalias_params
 from kvstore.optim.schema import probe_schema, scalar_from_json
 from kvstore.optim.state_tier import StateTier
-from kvstore.optim.transfer import (
-    check_params,
-    gather_grads,
-    gather_params,
-    grad_views,
-    scatter_params,
-)
+from kvstore.optim.transfer import check_params, gather_grads, gather_params, scatter_params
 from kvstore.optim.versioned import VersionedState
 from tiers import IORuntime, default_runtime
 
@@ -70,9 +60,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup_bytes: fp32 master bytes per streamed subgroup.
         host_budget_bytes: bound on staging memory; default: 3 subgroups' objects + gradients.
         runtime: the IORuntime (default: ``tiers.default_runtime()``).
-        resident: keep the DRAM state in per-subgroup host buffers stepped in place
-            (resident.py) instead of a DRAM tier: host memory ~ ``(1 + states) * 4`` bytes per
-            parameter element, no staging copies; needs ``tier="dram"``.
+        resident: with ``tier="dram"``, the state in host buffers stepped in place (resident.py):
+            no staging copies; host memory ``(1 + states) * 4`` bytes per parameter element.
     Raises OffloadError (a tiers.TierkitError) for what cannot be offloaded.
     """
 
@@ -243,7 +232,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             mask = [has_grad[s.param_index] for s in subgroup.segments]
             grads: Grads = grad
             if self.resident:
-                grads = grad_views(subgroup, self._params, grad, mask)
+                grads = transfer.grad_views(subgroup, self._params, grad, mask)
             else:
                 gather_grads(subgroup, self._params, grad, mask)
             hyper = self._hyper(subgroup)
