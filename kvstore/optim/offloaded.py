@@ -60,8 +60,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup_bytes: fp32 master bytes per streamed subgroup.
         host_budget_bytes: bound on staging memory; default: 3 subgroups' objects + gradients.
         runtime: the IORuntime (default: ``tiers.default_runtime()``).
-        resident: with ``tier="dram"``, the state in host buffers stepped in place (resident.py):
-            no staging copies; host memory ``(1 + states) * 4`` bytes per parameter element.
+        resident: the state in host buffers stepped in place (resident.py): no staging
+            copies; host memory ``(1 + states) * 4`` bytes per parameter element. Default: on
+            for ``tier="dram"`` (DRAM state is host memory either way), off otherwise.
     Raises OffloadError (a tiers.TierkitError) for what cannot be offloaded.
     """
 
@@ -76,7 +77,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup_bytes: int = 64 << 20,
         host_budget_bytes: int | None = None,
         runtime: IORuntime | None = None,
-        resident: bool = False,
+        resident: bool | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         self._tier: StateTier | None = None
@@ -107,6 +108,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 f"({object_bytes + grad_bytes} bytes): raise it or lower subgroup_bytes"
             )
         runtime = runtime or default_runtime()
+        resident = tier == "dram" if resident is None else resident
         self.resident = resident
         if resident:
             if tier != "dram":

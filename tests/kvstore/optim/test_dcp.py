@@ -26,10 +26,7 @@ KINDS = ["torch", "dram", "nvme"]
 # take it for a fresh optimizer and run a zero-gradient, lr-0 step on it (torch's
 # ``_init_optim_state``): the saved moments decay by a step that never was, and a resume's step
 # writes the stale master weights over the weights just loaded. Strict: remove when fixed.
-EMPTY_STATE = pytest.mark.xfail(
-    strict=True, reason="OffloadedOptimizer.state is empty, so DCP steps it"
-)
-OFFLOADED = [pytest.param(kind, marks=EMPTY_STATE) for kind in KINDS[1:]]
+OFFLOADED = list(KINDS[1:])
 STEPS_AFTER_RESUME = 5
 WORKER_TIMEOUT_S = 90
 
@@ -162,10 +159,10 @@ def _continue(
 @pytest.mark.parametrize(
     ("kind", "checkpoint_kind"),
     [
-        pytest.param("dram", "dram", marks=EMPTY_STATE),
-        pytest.param("nvme", "nvme", marks=EMPTY_STATE),
-        pytest.param("dram", "torch", marks=EMPTY_STATE),
-        pytest.param("torch", "nvme", marks=EMPTY_STATE),
+        ("dram", "dram"),
+        ("nvme", "nvme"),
+        ("dram", "torch"),
+        ("torch", "nvme"),
     ],
 )
 def test_resumed_run_continues_like_torch(

@@ -72,13 +72,17 @@ def test_host_memory_depends_on_the_subgroup_not_the_model() -> None:
     sizes = {}
     for numel in (10_000, 400_000):
         params = [torch.nn.Parameter(torch.zeros(numel))]
-        with OffloadedOptimizer(params, torch.optim.AdamW, subgroup_bytes=4 * 4096) as opt:
+        with OffloadedOptimizer(
+            params, torch.optim.AdamW, subgroup_bytes=4 * 4096, resident=False
+        ) as opt:
             sizes[numel] = opt.staging.host_bytes
             assert len(opt.staging.slots) == 3
     assert sizes[10_000] == sizes[400_000] == 4 * 4096 * (3 * 3 + 1)
     params = [torch.nn.Parameter(torch.zeros(100_000))]
     budget = 4 * 4096 * (3 + 1)  # one object (master + 2 moments) and the gradients
-    with OffloadedOptimizer(params, subgroup_bytes=4 * 4096, host_budget_bytes=budget) as opt:
+    with OffloadedOptimizer(
+        params, subgroup_bytes=4 * 4096, host_budget_bytes=budget, resident=False
+    ) as opt:
         assert len(opt.staging.slots) == 1 and opt.staging.host_bytes == budget
         params[0].grad = torch.ones_like(params[0])
         opt.step()  # one slot: read, step, write in turn
