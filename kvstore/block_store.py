@@ -25,20 +25,19 @@ evicted while it loads reads as a miss. SyncKVBlockStore wraps it for threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from kvstore.block_index import BlockIndex, check_hashes
 from kvstore.block_loads import BlockLoads, padded_bytes
+from kvstore.cache_tiers import gc_paused, open_cache_store
 from kvstore.fingerprint import ModelFingerprint
 from kvstore.policies import make_block_policy
-from tiers import InvalidArgumentError, TieredStore, open_store
+from tiers import InvalidArgumentError, TieredStore
 from tiers.io import IORuntime
 
 __all__ = ["KVBlockStore"]
@@ -89,30 +88,20 @@ class KVBlockStore(BlockLoads):
         covers the whole directory: blocks, the extent files' growth and the tier's catalog
         (``disk_bytes_for`` sizes it in blocks). With ``create=False`` a directory that holds
         no store is an error, not a new cache."""
-        tiers: list[dict[str, Any]] = []
         object_bytes = _object_bytes(fingerprint, compression)
-        if dram_bytes:
-            tiers.append({"kind": "dram", "capacity": dram_bytes})
-        if disk_bytes:
-            if directory is None:
-                raise InvalidArgumentError("a disk tier needs a directory")
-            if create:
-                os.makedirs(directory, exist_ok=True)
-            tiers.append(
-                {"kind": "nvme", "capacity": _data_bytes(disk_bytes, object_bytes),
-                 "path": os.fspath(directory), "create": create}
-            )  # fmt: skip
-        if not tiers:
-            raise InvalidArgumentError("give dram_bytes, disk_bytes or both")
-        with _gc_paused():  # a reopen makes several objects a block: no collector passes
-            store = await open_store({"policy": "lru", "tiers": tiers}, runtime)
-            try:
+        data_bytes = _data_bytes(disk_bytes, object_bytes) if disk_bytes else 0
+        store = await open_cache_store(
+            directory, dram_bytes=dram_bytes, disk_bytes=data_bytes, create=create,
+            runtime=runtime,
+        )  # fmt: skip
+        try:
+            with gc_paused():
                 return cls(
                     store, fingerprint, policy=policy, compression=compression, owns_store=True
                 )
-            except BaseException:
-                await store.aclose()
-                raise
+        except BaseException:
+            await store.aclose()
+            raise
 
     @staticmethod
     def disk_bytes_for(blocks: int, block_bytes: int) -> int:
@@ -301,19 +290,6 @@ def _data_bytes(disk_bytes: int, object_bytes: int) -> int:
             f"catalog ({_CATALOG_BASE_BYTES + _CATALOG_BYTES_PER_BLOCK + object_bytes} bytes)"
         )
     return blocks * object_bytes
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic collector: building millions of long-lived objects otherwise runs
-    it over them again and again (a third of a reopen's time, measured at 100k blocks)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _namespace(fingerprint: ModelFingerprint, compression: Any) -> str:

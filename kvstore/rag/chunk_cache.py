@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from kvstore.cache_tiers import open_cache_store
 from kvstore.fingerprint import ModelFingerprint
 from kvstore.policies import recompute_cost
 from kvstore.rag.chunk_format import (
@@ -47,7 +48,7 @@ from kvstore.rag.chunk_format import (
     parse_chunk_key,
 )
 from kvstore.rag.errors import ChunkShapeError
-from tiers import CorruptionError, InvalidArgumentError, TieredStore, open_store
+from tiers import CorruptionError, InvalidArgumentError, TieredStore
 from tiers.io import IORuntime
 
 __all__ = ["ChunkCache", "ChunkInfo", "chunk_hash"]
@@ -108,21 +109,10 @@ class ChunkCache:
         """A cache with a DRAM tier of ``dram_bytes`` (0: none) above an NVMe tier of
         ``disk_bytes`` in ``directory`` (0: none, and nothing survives a restart). With
         ``create=False`` a directory that holds no cache is an error, not a new cache."""
-        tiers: list[dict[str, Any]] = []
-        if dram_bytes:
-            tiers.append({"kind": "dram", "capacity": dram_bytes})
-        if disk_bytes:
-            if directory is None:
-                raise InvalidArgumentError("a disk tier needs a directory")
-            if create:
-                os.makedirs(directory, exist_ok=True)
-            tiers.append(
-                {"kind": "nvme", "capacity": disk_bytes, "path": os.fspath(directory),
-                 "create": create}
-            )  # fmt: skip
-        if not tiers:
-            raise InvalidArgumentError("give dram_bytes, disk_bytes or both")
-        store = await open_store({"policy": "lru", "tiers": tiers}, runtime)
+        store = await open_cache_store(
+            directory, dram_bytes=dram_bytes, disk_bytes=disk_bytes, create=create,
+            runtime=runtime,
+        )  # fmt: skip
         return cls(store, fingerprint, owns_store=True)
 
     # ------------------------------------------------------------------ reads
