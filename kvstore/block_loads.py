@@ -16,6 +16,7 @@ Concurrency: as KVBlockStore (its loop thread).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,11 +44,9 @@ class BlockLoads:
     _store: TieredStore
     _index: BlockIndex
 
-    async def _drop(self, victims: list[bytes]) -> int:
-        raise NotImplementedError  # KVBlockStore's
-
-    def _touch(self, hashes: list[bytes]) -> None:
-        raise NotImplementedError  # KVBlockStore's
+    # KVBlockStore's methods (declared here, defined there)
+    _drop: Callable[[list[bytes]], Awaitable[int]]
+    _touch: Callable[[list[bytes]], None]
 
     def _info(self, block_hash: bytes | None) -> BlockInfo | None:
         return self._index.blocks.get(block_hash) if block_hash is not None else None
