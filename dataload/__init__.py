@@ -30,6 +30,7 @@ from dataload.order import RankPlan, epoch_order, rank_slice
 from dataload.parquet_source import ParquetSource
 from dataload.record_source import FixedSizeSource, RecordFileSource
 from dataload.record_writer import RecordWriter, write_records
+from dataload.shards import MDSShards, TarShards
 from dataload.source import SampleBatch, Source, read_samples
 from dataload.workers import WorkerDiedError, WorkerError
 
@@ -42,6 +43,7 @@ __all__ = [
     "ImageFolder",
     "LmdbSource",
     "LocatedDataset",
+    "MDSShards",
     "ParquetSource",
     "RankPlan",
     "RecordFileSource",
@@ -54,6 +56,7 @@ __all__ = [
     "Source",
     "SourceError",
     "SourceFormatError",
+    "TarShards",
     "TransformError",
     "WorkerDiedError",
     "WorkerError",
