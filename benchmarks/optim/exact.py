@@ -24,7 +24,11 @@ def _same_bits(left: torch.Tensor, right: torch.Tensor) -> bool:
 
 
 def check_exact(
-    tier: str, directory: Path | None, params: int = 1_500_000, steps: int = 4
+    tier: str,
+    directory: Path | None,
+    params: int = 1_500_000,
+    steps: int = 4,
+    master: str = "tier",
 ) -> dict[str, object]:
     """Step both copies ``steps`` times; the report says whether every parameter matched."""
     from kvstore.optim import OffloadedOptimizer
@@ -40,6 +44,7 @@ def check_exact(
         tier=tier,
         directory=directory,
         subgroup_bytes=subgroup_bytes,
+        master=master,
         fused=True,
         **ADAMW_KWARGS,
     ) as ours:
@@ -57,6 +62,7 @@ def check_exact(
     ]
     return {
         "tier": tier,
+        "master": master,
         "params": params,
         "steps": steps,
         "subgroup_bytes": subgroup_bytes,

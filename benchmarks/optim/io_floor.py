@@ -1,10 +1,11 @@
 """The NVMe floor: fio reading and writing the bytes an AdamW step moves, at our block size.
 
-A step over N parameters reads and writes the fp32 master weights and Adam's two moments:
-``12 * N`` bytes each way. fio moves the same bytes with O_DIRECT (io_uring, like the tiers I/O
-core) at the block size of our subgroup I/O (one request per subgroup object: master weights and
-both moments, ``3 * subgroup_bytes``), two ways, each at queue depth 1 (what our pipeline keeps
-in flight each way) and 4:
+A step over N parameters reads and writes Adam's two moments (``8 * N`` bytes each way, the
+default ``master="params"``: the fp32 parameters are the masters) or those and the fp32 master
+weights (``12 * N``, ``master="tier"``): ``bytes_per_param``. fio moves the same bytes with
+O_DIRECT (io_uring, like the tiers I/O core) at the block size of our subgroup I/O (one request
+per subgroup object: the moments, and the master with ``master="tier"``), two ways, each at
+queue depth 1 (what our pipeline keeps in flight each way) and 4:
 
 * ``overlapped``: one fio run, a reader and a writer at once on two files, as our pipeline reads
   subgroup i+1 while writing i-1; its time is the slower job's runtime;
@@ -28,7 +29,7 @@ from benchmarks.common.measure import ensure_data_file
 
 __all__ = ["IoFloor", "fio_blocks", "measure_io_floor"]
 
-STATE_BYTES_PER_PARAM = 12  # fp32 master + exp_avg + exp_avg_sq
+STATE_BYTES_PER_PARAM = 8  # exp_avg + exp_avg_sq (the parameters are the fp32 masters)
 
 
 QUEUE_DEPTHS = (1, 4)
@@ -45,11 +46,13 @@ class IoFloor:
         return min(self.seconds.values())
 
 
-def fio_blocks(params: int, object_bytes: int) -> tuple[int, int]:
+def fio_blocks(
+    params: int, object_bytes: int, bytes_per_param: int = STATE_BYTES_PER_PARAM
+) -> tuple[int, int]:
     """(block size, total bytes) for fio: as many blocks as our objects, equal in size (a whole
-    MiB each, at most ~1 MiB over the true ``12 * params`` bytes per block), since fio moves
-    whole blocks and our last subgroup is a short one."""
-    raw = STATE_BYTES_PER_PARAM * params
+    MiB each, at most ~1 MiB over the true ``bytes_per_param * params`` bytes per block), since
+    fio moves whole blocks and our last subgroup is a short one."""
+    raw = bytes_per_param * params
     blocks = -(-raw // object_bytes)
     block_bytes = -(-raw // blocks // (1 << 20)) * (1 << 20)
     return block_bytes, blocks * block_bytes
@@ -86,11 +89,14 @@ def _run_fio(fio: str, jobs: list[list[str]]) -> list[float]:
     return runtimes_s
 
 
-def measure_io_floor(directory: Path, params: int, object_bytes: int) -> IoFloor:
-    """fio's time to read and to write ``12 * params`` bytes in ``directory`` in blocks of at
-    most ``object_bytes`` (files kept there for the next round; the caller removes them)."""
+def measure_io_floor(
+    directory: Path, params: int, object_bytes: int, bytes_per_param: int = STATE_BYTES_PER_PARAM
+) -> IoFloor:
+    """fio's time to read and to write ``bytes_per_param * params`` bytes in ``directory`` in
+    blocks of at most ``object_bytes`` (files kept there for the next round; the caller removes
+    them)."""
     fio = ensure_fio()
-    block_size_bytes, size = fio_blocks(params, object_bytes)
+    block_size_bytes, size = fio_blocks(params, object_bytes, bytes_per_param)
     read_path = directory / f"floor-read-{size}.bin"
     write_path = directory / f"floor-write-{size}.bin"
     ensure_data_file(read_path, size)

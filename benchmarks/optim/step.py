@@ -5,6 +5,13 @@ Full mode: 100M and 500M parameters (``--sizes`` adds 1000m where RAM and disk a
 parameter of state in memory, 12 on disk, twice that for fio's files); ``--quick``: 20M, about
 two minutes, DeepSpeed only if .venv-deepspeed exists (full mode builds it first, cached).
 
+Systems: torch's fused AdamW in memory; ours in DRAM (resident, the default); ours on NVMe with
+``master="params"`` (``ours-nvme``: the fp32 parameters are the masters, the tier holds the two
+moments, 8 bytes per parameter each way) and with ``master="tier"`` (``ours-nvme-tier``: an fp32
+master too, 12); fio moving ours-nvme's bytes; DeepSpeed ZeRO-2 cpu and ZeRO-3 nvme offload.
+Subgroups are sized by ours (``subgroup_bytes=None``) unless ``--subgroup-bytes`` is given;
+DeepSpeed's ``sub_group_size`` and fio's block follow them.
+
 Per size, ``--rounds`` rounds (at least 2), the order of systems reversed every other round;
 every system steps in a fresh process with the same thread count (``torch.set_num_threads`` and
 ``OMP_NUM_THREADS``), ``--warmup`` untimed steps then ``--steps`` timed ones. The last stdout line
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -30,11 +38,13 @@ from benchmarks.common.scratch import remove_at_exit
 from benchmarks.optim.children import ChildFailed, run_child
 from benchmarks.optim.exact import check_exact
 from benchmarks.optim.io_floor import STATE_BYTES_PER_PARAM, measure_io_floor
+from benchmarks.optim.model import param_shapes
 from benchmarks.optim.summary import TARGETS, headline, summarize_size
 
 DS_VENV = REPO_ROOT / ".venv-deepspeed"
 DS_STAMP = DS_VENV / ".tierkit-deepspeed-requirements"
-SYSTEMS = ["torch", "ours-dram", "ours-nvme", "fio-floor", "deepspeed-cpu", "deepspeed-nvme"]
+SYSTEMS = ["torch", "ours-dram", "ours-nvme", "ours-nvme-tier", "fio-floor"]
+SYSTEMS += ["deepspeed-cpu", "deepspeed-nvme"]
 _CHILD_TIMEOUT_S = 1800.0
 
 
@@ -63,12 +73,26 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
+def subgroup_plan(params: int, subgroup_bytes: int | None) -> tuple[int, int]:
+    """(subgroup bytes, mean object bytes) of ours-nvme on the benchmark's model: what
+    ``OffloadedOptimizer(..., fused=True, master="params")`` picks (automatic unless given);
+    fio's floor uses the object size, DeepSpeed's ``sub_group_size`` the subgroup."""
+    from kvstore.optim.layout import build_layout
+    from kvstore.optim.sizing import auto_subgroup_bytes
+
+    sections = STATE_BYTES_PER_PARAM // 4
+    chosen = subgroup_bytes or auto_subgroup_bytes(4 * params, sections)
+    numels = [[math.prod(shape) for shape in param_shapes(params)]]
+    subgroups = build_layout(numels, chosen // 4, split_params=False)
+    return chosen, sum(s.object_bytes(sections) for s in subgroups) // len(subgroups)
+
+
 def run_system(
     system: str, params: int, args: argparse.Namespace, scratch: Path, tag: str
 ) -> dict[str, Any]:
     """One round of one system: its record (peak RSS: the child's own VmHWM)."""
+    subgroup_bytes, object_bytes = subgroup_plan(params, args.subgroup_bytes)
     if system == "fio-floor":
-        object_bytes = STATE_BYTES_PER_PARAM // 4 * args.subgroup_bytes
         floor = measure_io_floor(scratch / "fio", params, object_bytes)
         return {
             "step_s": [floor.floor_s],
@@ -81,14 +105,16 @@ def run_system(
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
     common = [f"--params={params}", f"--warmup={args.warmup}", f"--steps={args.steps}"]
-    common += [f"--threads={args.threads}", f"--subgroup-bytes={args.subgroup_bytes}"]
-    common += [f"--directory={state_dir}"]
+    common += [f"--threads={args.threads}", f"--directory={state_dir}"]
     if system.startswith("deepspeed-"):
         python = str(DS_VENV / "bin" / "python")
         device = system.removeprefix("deepspeed-")
         command = [python, "-m", "benchmarks.optim.deepspeed_peer", f"--device={device}"]
+        command.append(f"--subgroup-bytes={subgroup_bytes}")  # as ours picks it
     else:
         command = [sys.executable, "-m", "benchmarks.optim.worker", f"--system={system}"]
+        if args.subgroup_bytes:  # else ours sizes its subgroups itself, as users call it
+            command.append(f"--subgroup-bytes={args.subgroup_bytes}")
     log_path = OUT_DIR / "optim-logs" / f"{tag}-{system}.log"
     try:
         result = run_child(
@@ -133,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--subgroup-bytes", type=int, default=64 << 20)
+    parser.add_argument("--subgroup-bytes", type=int, default=None, help="default: automatic")
     parser.add_argument("--no-deepspeed", action="store_true")
     parser.add_argument("--keep-data", action="store_true")
     args = parser.parse_args(argv)
@@ -148,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     exact_dir = remove_at_exit(OUT_DIR / "optim-exact", args.keep_data)
     shutil.rmtree(exact_dir, ignore_errors=True)
     exact_runs = [check_exact("dram", None), check_exact("nvme", exact_dir / "nvme")]
+    exact_runs.append(check_exact("nvme", exact_dir / "nvme-params", master="params"))
     shutil.rmtree(exact_dir, ignore_errors=True)
     by_size = {f"{p // 10**6}m": measure_size(p, systems, args) for p in sizes}
     primary = f"{max(sizes) // 10**6}m"

@@ -24,6 +24,8 @@ _RATIOS = {
     "nvme_step_vs_io_floor": ("ours-nvme", "fio-floor"),
     "nvme_step_vs_deepspeed_nvme": ("ours-nvme", "deepspeed-nvme"),
     "nvme_step_vs_deepspeed_cpu": ("ours-nvme", "deepspeed-cpu"),
+    "nvme_tier_master_step_vs_deepspeed_nvme": ("ours-nvme-tier", "deepspeed-nvme"),
+    "nvme_tier_master_step_vs_nvme": ("ours-nvme-tier", "ours-nvme"),
     "dram_step_vs_deepspeed_cpu": ("ours-dram", "deepspeed-cpu"),
 }
 

@@ -1,6 +1,7 @@
 """One system's AdamW steps in this process: torch in memory, or ours in DRAM or on NVMe.
 
-``python -m benchmarks.optim.worker --system torch|ours-dram|ours-nvme --params N ...`` builds the
+``python -m benchmarks.optim.worker --system torch|ours-dram|ours-nvme|ours-nvme-tier --params N``
+builds the
 synthetic model (``model.build_params``), runs ``--warmup`` untimed steps (the first allocates or
 writes the states), then ``--steps`` timed ones, and prints one JSON line: the step times, the RSS
 of the model alone (params + grads, measured before the optimizer exists) and this process's
@@ -22,7 +23,9 @@ import torch
 
 from benchmarks.optim.model import build_params, disk_io_bytes, peak_rss_bytes, rss_bytes
 
-SYSTEMS = ("torch", "ours-dram", "ours-nvme")
+# ours-nvme: master="params" (the fp32 parameters are the masters; the tier holds the two moments,
+# 8 bytes per parameter each way); ours-nvme-tier: master="tier" (an fp32 master with them, 12).
+SYSTEMS = ("torch", "ours-dram", "ours-nvme", "ours-nvme-tier")
 ADAMW_KWARGS: dict[str, Any] = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
 ADAMW_KWARGS["weight_decay"] = 0.01
 
@@ -32,7 +35,7 @@ def open_optimizer(
     system: str,
     params: list[torch.nn.Parameter],
     directory: Path | None,
-    subgroup_bytes: int,
+    subgroup_bytes: int | None,
 ) -> Iterator[torch.optim.Optimizer]:
     """The optimizer ``system`` names over ``params``; ours is closed on the way out."""
     if system == "torch":
@@ -40,13 +43,14 @@ def open_optimizer(
         return
     from kvstore.optim import OffloadedOptimizer
 
-    tier = system.removeprefix("ours-")
+    tier = "dram" if system == "ours-dram" else "nvme"
     optimizer = OffloadedOptimizer(
         params,
         torch.optim.AdamW,
         tier=tier,
         directory=directory if tier == "nvme" else None,
         subgroup_bytes=subgroup_bytes,
+        master="params" if system == "ours-nvme" else "tier",
         fused=True,
         **ADAMW_KWARGS,
     )
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--directory", type=Path, default=None)
-    parser.add_argument("--subgroup-bytes", type=int, default=64 << 20)
+    parser.add_argument("--subgroup-bytes", type=int, default=None, help="default: automatic")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     params = build_params(args.params)
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_bytes": peak_rss_bytes(),
         "checksum": float(sum(p.detach().double().sum() for p in params[:4])),
         "directory_bytes": disk_bytes,
+        "subgroups": len(getattr(optimizer, "subgroups", [])),
+        "subgroup_bytes": getattr(optimizer, "subgroup_bytes", None),
         "disk_read_write_bytes_per_step": io_per_step,
     }
     print(json.dumps(record), flush=True)

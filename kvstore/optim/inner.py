@@ -1,8 +1,10 @@
 """The wrapped torch optimizer stepping one subgroup in its staging slot.
 
 A slot holds a subgroup's object: sections of ``stride`` fp32 elements, the master weights
-first, then one per per-element state (schema.vector_keys). For each segment (a piece of one
-parameter) the stepper makes a view of the master section as an inner parameter, gives it the
+first, then one per per-element state (schema.vector_keys); with ``masters`` given
+(``master="params"``, params_master.py) the slot holds only the states and the masters are
+views of the parameters themselves. For each segment (a piece of one parameter) the stepper
+makes a view of the master section (or takes the given one) as an inner parameter, gives it the
 segment's gradient (a view of the gradient buffer, or of the parameter's own gradient) and,
 when the parameter already has state, inner state entries that are views of the state
 sections plus its scalars from the manifest.
@@ -47,6 +49,7 @@ class SubgroupStepper:
     def _inner(
         self,
         subgroup: Subgroup,
+        masters: Sequence[torch.Tensor],
         parts: list[torch.Tensor],
         grad: Grads,
         has_grad: list[bool],
@@ -56,7 +59,7 @@ class SubgroupStepper:
         views = []
         for i, (segment, with_grad) in enumerate(zip(subgroup.segments, has_grad, strict=True)):
             span = slice(segment.offset, segment.offset + segment.length)
-            view = parts[0][span]
+            view = masters[i].detach()  # a tensor of its own: the .grad set here is ours
             if with_grad and grad is not None:
                 view.grad = grad[span] if isinstance(grad, torch.Tensor) else grad[i]
             views.append(view)
@@ -71,7 +74,7 @@ class SubgroupStepper:
                 continue
             span = slice(segment.offset, segment.offset + segment.length)
             state: dict[str, Any] = {
-                key: parts[1 + k][span] for k, key in enumerate(self.schema.vector_keys)
+                key: parts[k][span] for k, key in enumerate(self.schema.vector_keys)
             }
             for key in self.schema.scalar_keys:
                 state[key] = scalar_from_json(stored[key])
@@ -86,14 +89,21 @@ class SubgroupStepper:
         has_grad: list[bool],
         hyper: dict[str, Any],
         scalars: dict[int, dict[str, Any]],
+        masters: Sequence[torch.Tensor] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Step the subgroup in ``slot`` (None grad: no step, only eager state is made;
-        ``grad`` is the flat gradient buffer or one gradient per segment); returns the new
-        scalars of each parameter that has state after it."""
-        parts = sections(slot, subgroup, self.schema.sections)
+        ``grad`` is the flat gradient buffer or one gradient per segment; ``masters``: one
+        master per segment, the slot then holding only the states); returns the new scalars
+        of each parameter that has state after it."""
+        if masters is None:
+            parts = sections(slot, subgroup, self.schema.sections)
+            masters = [parts[0][s.offset : s.offset + s.length] for s in subgroup.segments]
+            parts = parts[1:]
+        else:
+            parts = sections(slot, subgroup, self.schema.sections - 1)
         if grad is None:
             has_grad = [False] * len(subgroup.segments)
-        inner, views = self._inner(subgroup, parts, grad, has_grad, hyper, scalars)
+        inner, views = self._inner(subgroup, masters, parts, grad, has_grad, hyper, scalars)
         if grad is not None and any(has_grad):
             inner.step()
         return self._collect(subgroup, parts, inner, views)
@@ -112,7 +122,7 @@ class SubgroupStepper:
                 continue
             span = slice(segment.offset, segment.offset + segment.length)
             for k, key in enumerate(self.schema.vector_keys):
-                target, value = parts[1 + k][span], state[key]
+                target, value = parts[k][span], state[key]
                 if value.data_ptr() != target.data_ptr():  # made or replaced, not updated
                     target.copy_(value.reshape(-1))
             out[segment.param_index] = {

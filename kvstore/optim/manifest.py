@@ -63,12 +63,15 @@ def checkpoint_key(name: str) -> str:
 @dataclass
 class Manifest:
     """``versions[i]``: the current version of subgroup i; ``scalars[p]``: the JSON scalars of
-    parameter p (present exactly when p has optimizer state)."""
+    parameter p (present exactly when p has optimizer state); ``param_sums[i]``: with
+    ``master="params"``, the fingerprint of subgroup i's parameters at this step
+    (params_master.py), else None."""
 
     signature: dict[str, Any]
     step: int
     versions: list[int]
     scalars: dict[int, dict[str, Any]] = field(default_factory=dict)
+    param_sums: list[int] | None = None
 
     def to_bytes(self) -> np.ndarray:
         body = {
@@ -78,6 +81,8 @@ class Manifest:
             "versions": self.versions,
             "scalars": {str(k): v for k, v in self.scalars.items()},
         }
+        if self.param_sums is not None:
+            body["param_sums"] = self.param_sums
         return np.frombuffer(json.dumps(body, sort_keys=True).encode(), dtype=np.uint8).copy()
 
     @classmethod
@@ -86,11 +91,13 @@ class Manifest:
             body = json.loads(bytes(np.asarray(data, dtype=np.uint8)).decode())
             if body.get("format") != FORMAT:
                 raise ValueError(f"format {body.get('format')!r}, expected {FORMAT!r}")
+            sums = body.get("param_sums")
             return cls(
                 body["signature"],
                 int(body["step"]),
                 [int(v) for v in body["versions"]],
                 {int(k): v for k, v in body["scalars"].items()},
+                None if sums is None else [int(v) for v in sums],
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise OffloadError(f"{where}: not an optimizer manifest ({exc})") from exc

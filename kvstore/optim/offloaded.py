@@ -12,10 +12,9 @@ write the object under a new version; then commit the step with the manifest. On
 replaced object is deleted as soon as its successor is stored; on NVMe only after the commit,
 so a crash mid-step leaves the previous step whole, and objects a named checkpoint holds are
 never deleted.
-With ``resident=True`` (``tier="dram"`` only) the state is not copied through a TieredStore at
-all: each subgroup's object lives in its own host buffer, stepped in place, with fp32 CPU
-gradients viewed rather than copied (resident.py); host memory is then proportional to the
-model, and there are no named checkpoints.
+With ``resident=True`` (DRAM's default) each subgroup's object lives in its own host buffer,
+stepped in place (resident.py). With ``master="params"`` fp32 CPU parameters are the masters
+and only the states are stored (params_master.py). Checkpoints: checkpoints.py.
 
 Thread-safety: like any torch optimizer, one thread at a time. A step that raises leaves the
 parameters partly updated; the stored (NVMe) state stays at the previous committed step.
@@ -32,11 +31,14 @@ import torch
 
 from kvstore.optim import state_dict as sd_io
 from kvstore.optim import transfer
+from kvstore.optim.checkpoints import CheckpointsMixin
 from kvstore.optim.inner import Grads, SubgroupStepper, sections
 from kvstore.optim.layout import OffloadError, Subgroup, build_layout
+from kvstore.optim.params_master import MASTERS, check_params_master, master_views
 from kvstore.optim.pipeline import Staging
 from kvstore.optim.resident import ResidentStaging, ResidentState, alias_params, unalias_params
 from kvstore.optim.schema import probe_schema, scalar_from_json
+from kvstore.optim.sizing import auto_subgroup_bytes, staging_slots
 from kvstore.optim.state_tier import StateTier
 from kvstore.optim.transfer import check_params, gather_grads, gather_params, scatter_params
 from kvstore.optim.versioned import VersionedState
@@ -44,10 +46,8 @@ from tiers import IORuntime, default_runtime
 
 __all__ = ["OffloadedOptimizer"]
 
-_MAX_SLOTS = 3  # read ahead, step, write behind: more buys no overlap (nor do more than subgroups)
 
-
-class OffloadedOptimizer(torch.optim.Optimizer):
+class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
     """``optimizer(params, **optimizer_kwargs)`` with its state offloaded to ``tier``.
 
     Args:
@@ -57,12 +57,16 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         directory: the NVMe tier's directory (required for "nvme"); a directory holding a
             committed state for the same parameters and optimizer resumes from it.
         create: make ``directory`` when missing (False: a missing directory is an error).
-        subgroup_bytes: fp32 master bytes per streamed subgroup.
+        subgroup_bytes: fp32 master bytes per streamed subgroup; None: sized from the model
+            so the pipeline overlaps (about 16 subgroups of 8-64 MiB, sizing.py).
         host_budget_bytes: bound on staging memory; default: 3 subgroups' objects + gradients.
         runtime: the IORuntime (default: ``tiers.default_runtime()``).
         resident: the state in host buffers stepped in place (resident.py): no staging
             copies; host memory ``(1 + states) * 4`` bytes per parameter element. Default: on
             for ``tier="dram"`` (DRAM state is host memory either way), off otherwise.
+        master: "tier" (an fp32 master stored with the states; reopening gives the parameters
+            back) or "params" (fp32 CPU parameters are the masters, only states are stored:
+            Adam moves 8 bytes per parameter, not 12; see params_master.py).
     Raises OffloadError (a tiers.TierkitError) for what cannot be offloaded.
     """
 
@@ -74,10 +78,11 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         tier: str | dict[str, Any] = "dram",
         directory: str | os.PathLike[str] | None = None,
         create: bool = True,
-        subgroup_bytes: int = 64 << 20,
+        subgroup_bytes: int | None = None,
         host_budget_bytes: int | None = None,
         runtime: IORuntime | None = None,
         resident: bool | None = None,
+        master: str = "tier",
         **optimizer_kwargs: Any,
     ) -> None:
         self._tier: StateTier | None = None
@@ -90,29 +95,33 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._params = [p for group in self.param_groups for p in group["params"]]
         self.device = check_params(self._params)
+        if master not in MASTERS:
+            raise OffloadError(f"master must be one of {MASTERS}, got {master!r}")
+        self.master = master
+        if master == "params":
+            check_params_master(self._params)
+        self.resident = tier == "dram" and master == "tier" if resident is None else resident
+        if self.resident and (tier != "dram" or master != "tier"):
+            raise OffloadError(f'resident=True needs tier="dram", master="tier"; got {tier!r}')
+        self._stored_sections = count = self.schema.sections - (master == "params")
+        if subgroup_bytes is None:
+            numel = sum(p.numel() for p in self._params)
+            subgroup_bytes = auto_subgroup_bytes(4 * numel, count, host_budget_bytes)
         if isinstance(subgroup_bytes, bool) or not isinstance(subgroup_bytes, int):
             raise OffloadError(f"subgroup_bytes must be an int, got {subgroup_bytes!r}")
+        self.subgroup_bytes = subgroup_bytes
         split = not optimizer_kwargs.get("fused")  # layout.py: fused kernels round by position
         numels = [[p.numel() for p in g["params"]] for g in self.param_groups]
         self.subgroups = build_layout(numels, max(1, subgroup_bytes // 4), split_params=split)
         self._stepper = SubgroupStepper(optimizer, dict(optimizer_kwargs), self.schema)
         self.signature = self._signature(subgroup_bytes // 4, split)
-        count = self.schema.sections
+        self._sums = None if master == "tier" else self._param_sums
+        self.resumed_from = None
         object_bytes = max((s.object_bytes(count) for s in self.subgroups), default=4096)
         grad_bytes = max((s.stride * 4 for s in self.subgroups), default=4096)
-        budget = host_budget_bytes or _MAX_SLOTS * object_bytes + grad_bytes
-        slots = min(_MAX_SLOTS, max(1, len(self.subgroups)), (budget - grad_bytes) // object_bytes)
-        if slots < 1:
-            raise OffloadError(
-                f"host_budget_bytes={budget} is less than one subgroup's staging "
-                f"({object_bytes + grad_bytes} bytes): raise it or lower subgroup_bytes"
-            )
+        slots = staging_slots(len(self.subgroups), object_bytes, grad_bytes, host_budget_bytes)
         runtime = runtime or default_runtime()
-        resident = tier == "dram" if resident is None else resident
-        self.resident = resident
-        if resident:
-            if tier != "dram":
-                raise OffloadError(f'resident=True needs tier="dram", got {tier!r}')
+        if self.resident:
             self._open_resident(runtime, grad_bytes)
             return
         self._tier = StateTier(
@@ -129,20 +138,18 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             self._versions = VersionedState(
                 self._tier, self._staging, self.subgroups, count, self.signature
             )
-            self.resumed = self._versions.open(self._initial)
-            if self.resumed:
-                self.load_params()
+            self.resumed = self._versions.open(self._initial, self._sums)
+            if self.resumed:  # master="params": the parameters must be the state's weights
+                self._match_params() if master == "params" else self.load_params()
             self._refresh_state()
         except BaseException:
             self.close()
             raise
 
-    # ------------------------------------------------------------------ opening
     def _open_resident(self, runtime: IORuntime, grad_bytes: int) -> None:
         try:
-            self._staging = ResidentStaging(
-                runtime, self.subgroups, self.schema.sections, grad_bytes
-            )
+            count = self.schema.sections
+            self._staging = ResidentStaging(runtime, self.subgroups, count, grad_bytes)
             self._versions = ResidentState(self._staging, self.subgroups, self.signature)
             self.resumed = self._versions.open(self._initial)
             self._refresh_state()
@@ -162,15 +169,20 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             "vector_keys": list(self.schema.vector_keys),
             "scalar_keys": list(self.schema.scalar_keys),
             "subgroups": len(self.subgroups),
-        }
+        } | ({"master": "params"} if self.master == "params" else {})
 
     def _initial(self, subgroup: Subgroup, slot: int) -> dict[int, Any]:
         """Version 0 of a subgroup: master weights from the parameters, zero states (and the
         eager states of optimizers that make them in __init__, like Adagrad)."""
-        buffer = self.staging.slot_fp32(slot, self.schema.sections * subgroup.stride)
+        buffer = self.staging.slot_fp32(slot, self._stored_sections * subgroup.stride)
         buffer.zero_()
-        gather_params(subgroup, self._params, sections(buffer, subgroup, 1)[0])
-        return self._stepper.step(subgroup, buffer, None, [], self._hyper(subgroup), {})
+        if (masters := self._master_views(subgroup)) is None:
+            gather_params(subgroup, self._params, sections(buffer, subgroup, 1)[0])
+        return self._stepper.step(subgroup, buffer, None, [], self._hyper(subgroup), {}, masters)
+
+    def _master_views(self, subgroup: Subgroup) -> list[torch.Tensor] | None:
+        """master="params": the parameter pieces the wrapped optimizer steps; else None."""
+        return master_views(subgroup, self._params) if self.master == "params" else None
 
     def _refresh_state(self) -> None:
         """``self.state`` holds, for each parameter with state, its scalars (``step``): torch
@@ -182,7 +194,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self.state = state
 
     def load_params(self) -> None:
-        """Copy the committed master weights into the parameters (done on resume/restore)."""
+        """Copy the committed master weights into the parameters (done on resume/restore;
+        with master="params" the parameters are the masters: nothing to copy)."""
+        if self.master == "params":
+            return
 
         def copy(subgroup: Subgroup, slot: int) -> None:
             master = self.staging.slot_fp32(slot, subgroup.stride)[: subgroup.numel]
@@ -229,16 +244,19 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         committed = versions.manifest.scalars  # a parameter cut in two reads the same scalars
 
         def step_one(subgroup: Subgroup, slot: int) -> dict[int, Any]:
-            buffer = self.staging.slot_fp32(slot, self.schema.sections * subgroup.stride)
+            buffer = self.staging.slot_fp32(slot, self._stored_sections * subgroup.stride)
             grad = self.staging.grad_fp32(subgroup.stride)
             mask = [has_grad[s.param_index] for s in subgroup.segments]
             grads: Grads = grad
-            if self.resident:
+            masters = self._master_views(subgroup)
+            if self.resident or masters is not None:
                 grads = transfer.grad_views(subgroup, self._params, grad, mask)
             else:
                 gather_grads(subgroup, self._params, grad, mask)
             hyper = self._hyper(subgroup)
-            out = self._stepper.step(subgroup, buffer, grads, mask, hyper, committed)
+            out = self._stepper.step(subgroup, buffer, grads, mask, hyper, committed, masters)
+            if masters is not None:
+                return out  # the parameters were stepped in place
             back = [
                 wanted and not self._is_aliased(s.param_index)
                 for s, wanted in zip(subgroup.segments, mask, strict=True)
@@ -246,29 +264,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             scatter_params(subgroup, self._params, sections(buffer, subgroup, 1)[0], back)
             return out
 
-        versions.commit(todo, step_one)
+        versions.commit(todo, step_one, sums=self._sums)
         self._refresh_state()
         return loss
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self, name: str, *, verify: bool = False) -> None:
-        """Keep the committed step's objects under ``name`` (NVMe only): a manifest, no copy.
-        Later steps write new objects and never delete ones a checkpoint names. ``verify``
-        first reads every object back through the tier's checksums (CorruptionError)."""
-        self.versions.checkpoint(name, verify)
-
-    def checkpoints(self) -> list[str]:
-        return sorted(self.versions.checkpoints)
-
-    def restore(self, name: str) -> None:
-        """Make checkpoint ``name`` the committed state and copy its master weights into the
-        parameters; the objects of the abandoned steps are deleted."""
-        self.versions.restore(name)
-        self.load_params()
-        self._refresh_state()
-
-    def delete_checkpoint(self, name: str) -> None:
-        self.versions.delete_checkpoint(name)
 
     # ------------------------------------------------------------------ state dicts
     def state_dict(self) -> dict[str, Any]:

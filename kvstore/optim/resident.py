@@ -118,8 +118,9 @@ class ResidentState:
         read: bool = True,
         scalars: dict[int, Any] | None = None,
         first: bool = False,
+        sums: Callable[[Subgroup], int] | None = None,
     ) -> None:
-        old = self.manifest
+        old = self.manifest  # sums: master="params" is never resident
         base = dict(old.scalars if scalars is None else scalars)
         new = Manifest(self.signature, 0 if first else old.step + 1, list(old.versions), base)
         for subgroup in todo:
@@ -132,7 +133,7 @@ class ResidentState:
     def checkpoint(self, name: str, verify: bool) -> None:
         raise OffloadError("checkpoint() needs a persistent (nvme) tier; use state_dict()")
 
-    def restore(self, name: str) -> None:
+    def restore(self, name: str, check: Callable[[Manifest], None] | None = None) -> None:
         raise OffloadError(f"no checkpoint {name!r}: resident DRAM state keeps none")
 
     def delete_checkpoint(self, name: str) -> None:

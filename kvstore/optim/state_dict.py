@@ -5,7 +5,9 @@ wrapped torch optimizer's ``state_dict()`` would (indices numbered across groups
 states shaped like their parameter, scalars as torch keeps them: ``step`` a 0-d fp32 tensor),
 made only of tensors, numbers, strings and lists, so ``torch.load(weights_only=True)`` reads
 it. A parameter that is not fp32 also gets ``"master"``: its fp32 master weights. The subgroups
-are read one at a time through the staging buffers.
+are read one at a time through the staging buffers. With ``master="params"`` the stored
+objects hold only the states (the parameters are the masters and are neither exported nor
+imported: they are the model's).
 
 ``import_state`` takes that layout, or one saved by the plain torch optimizer (migrating keeps
 the moments; the master weights then come from the parameters): group hyperparameters are
@@ -49,7 +51,7 @@ def _groups(opt: OffloadedOptimizer) -> list[dict[str, Any]]:
 def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
     for pre_hook in opt._optimizer_state_dict_pre_hooks.values():
         pre_hook(opt)
-    staging, count, manifest = opt.staging, opt.schema.sections, opt.versions.manifest
+    manifest = opt.versions.manifest
     keys = opt.schema.vector_keys
     state: dict[int, dict[str, Any]] = {}
     for index, scalars in sorted(manifest.scalars.items()):
@@ -63,14 +65,14 @@ def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
     }
 
     def copy(subgroup: Subgroup, slot: int) -> None:
-        parts = sections(staging.slot_fp32(slot, count * subgroup.stride), subgroup, count)
+        master, parts = _sections(opt, slot, subgroup)
         for segment in subgroup.segments:
             span = slice(segment.offset, segment.offset + segment.length)
             into = slice(segment.start, segment.start + segment.length)
-            targets = [(masters.get(segment.param_index), parts[0])]
+            targets = [] if master is None else [(masters.get(segment.param_index), master)]
             entry = state.get(segment.param_index)
             if entry is not None:
-                targets += [(entry[key], parts[1 + k]) for k, key in enumerate(keys)]
+                targets += [(entry[key], parts[k]) for k, key in enumerate(keys)]
             for target, part in targets:
                 if target is not None:
                     target.view(-1)[into].copy_(part[span])
@@ -82,6 +84,15 @@ def export_state(opt: OffloadedOptimizer) -> dict[str, Any]:
     for post_hook in opt._optimizer_state_dict_post_hooks.values():
         result = post_hook(opt, result) or result
     return result
+
+
+def _sections(
+    opt: OffloadedOptimizer, slot: int, subgroup: Subgroup
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """The master section (None with master="params") and the state sections in a slot."""
+    count = opt._stored_sections
+    parts = sections(opt.staging.slot_fp32(slot, count * subgroup.stride), subgroup, count)
+    return (None, parts) if opt.master == "params" else (parts[0], parts[1:])
 
 
 def _match(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -135,14 +146,16 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
     state = _match(opt, state_dict)
     for group, saved in zip(opt.param_groups, state_dict["param_groups"], strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
-    staging, count, keys = opt.staging, opt.schema.sections, opt.schema.vector_keys
+    staging, count, keys = opt.staging, opt._stored_sections, opt.schema.vector_keys
     dtypes = dict(zip(opt.schema.scalar_keys, opt.schema.scalar_dtypes, strict=True))
 
     def fill(subgroup: Subgroup, slot: int) -> dict[int, Any]:
         buffer = staging.slot_fp32(slot, count * subgroup.stride)
-        buffer[subgroup.numel :].zero_()  # not the masters: resident parameters may view them
-        parts = sections(buffer, subgroup, count)
-        gather_params(subgroup, opt._params, parts[0])
+        # not the masters: resident parameters may view them
+        buffer[0 if opt.master == "params" else subgroup.numel :].zero_()
+        master, parts = _sections(opt, slot, subgroup)
+        if master is not None:
+            gather_params(subgroup, opt._params, master)
         scalars: dict[int, dict[str, Any]] = {}
         for segment in subgroup.segments:
             entry = state.get(segment.param_index)
@@ -150,18 +163,19 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
                 continue
             span = slice(segment.offset, segment.offset + segment.length)
             into = slice(segment.start, segment.start + segment.length)
-            sources = [(k + 1, entry[key]) for k, key in enumerate(keys)]
-            if MASTER_KEY in entry:
-                sources.append((0, entry[MASTER_KEY]))
+            sources = [(parts[k], entry[key]) for k, key in enumerate(keys)]
+            if MASTER_KEY in entry and master is not None:
+                sources.append((master, entry[MASTER_KEY]))
             for part, source in sources:
-                parts[part][span].copy_(source.detach().reshape(-1)[into])
+                part[span].copy_(source.detach().reshape(-1)[into])
             scalars[segment.param_index] = {
                 key: scalar_to_json(_as_stored(entry[key], dtypes[key]))
                 for key in opt.schema.scalar_keys
             }
-        return opt._stepper.step(subgroup, buffer, None, [], opt._hyper(subgroup), scalars)
+        hyper, views = opt._hyper(subgroup), opt._master_views(subgroup)
+        return opt._stepper.step(subgroup, buffer, None, [], hyper, scalars, views)
 
-    opt.versions.commit(opt.subgroups, fill, read=False, scalars={})
+    opt.versions.commit(opt.subgroups, fill, read=False, scalars={}, sums=opt._sums)
     opt._refresh_state()
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)

@@ -59,7 +59,7 @@ class VersionedState:
         self._next_version = 1 + max((version for _, version in found), default=0)
         self.manifest = Manifest(signature, 0, [0] * len(self.subgroups))
 
-    def open(self, initialise: Compute) -> bool:
+    def open(self, initialise: Compute, sums: Callable[[Subgroup], int] | None = None) -> bool:
         """Adopt the committed state of the tier (True), after checking it is one for these
         parameters and this optimizer; or, if it holds none, write version 0 of every
         subgroup made by ``initialise(subgroup, slot)`` (returns its scalars) and commit it."""
@@ -68,7 +68,7 @@ class VersionedState:
             found.check(self.signature, self.tier.where)
             self.manifest = found
         else:
-            self.commit(self.subgroups, initialise, read=False, scalars={}, first=True)
+            self.commit(self.subgroups, initialise, read=False, scalars={}, first=True, sums=sums)
         self.collect_garbage()
         return found is not None
 
@@ -92,20 +92,27 @@ class VersionedState:
         read: bool = True,
         scalars: dict[int, Any] | None = None,
         first: bool = False,
+        sums: Callable[[Subgroup], int] | None = None,
     ) -> None:
         """Read (unless not ``read``), ``compute`` (returns the scalars of the parameters it
         holds) and write each subgroup of ``todo`` under a new version, then commit a manifest
         with the step advanced; ``scalars`` replaces the committed scalars (None: keeps them,
-        updated by ``compute``)."""
+        updated by ``compute``); ``sums`` (master="params") gives each computed subgroup's
+        parameter fingerprint for the manifest."""
         tier, old = self.tier, self.manifest
         version = 0 if first else self._next_version
         self._next_version = max(self._next_version, version + 1)
         base = dict(old.scalars if scalars is None else scalars)
         new = Manifest(self.signature, 0 if first else old.step + 1, list(old.versions), base)
+        if sums is not None:
+            new.param_sums = list(old.param_sums or [0] * len(self.subgroups))
         keep = referenced_keys(self.checkpoints.values())
 
         def compute_one(subgroup: Subgroup, slot: int) -> None:
             new.scalars.update(compute(subgroup, slot))
+            if sums is not None:
+                assert new.param_sums is not None
+                new.param_sums[subgroup.index] = sums(subgroup)
 
         def write_one(subgroup: Subgroup, slot: int) -> Any:
             previous = object_key(subgroup.index, old.versions[subgroup.index])
@@ -136,11 +143,14 @@ class VersionedState:
         self.tier.save_manifest(self.manifest, key)
         self.checkpoints[name] = self.manifest
 
-    def restore(self, name: str) -> None:
+    def restore(self, name: str, check: Callable[[Manifest], None] | None = None) -> None:
+        """Make checkpoint ``name`` the committed state (``check`` may refuse it first)."""
         found = self.tier.load_manifest(checkpoint_key(name))
         if found is None:
             raise OffloadError(f"no checkpoint {name!r} in {self.tier.where}")
         found.check(self.signature, f"{self.tier.where} checkpoint {name!r}")
+        if check is not None:
+            check(found)
         self.tier.save_manifest(found)
         self.manifest = found
         self.collect_garbage()

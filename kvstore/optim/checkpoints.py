@@ -1,0 +1,88 @@
+"""Named checkpoints of an OffloadedOptimizer's NVMe state, and pairing a reopened state with
+the parameters (``master="params"``).
+
+A checkpoint is a copy of the committed manifest under a name (versioned.py): later steps write
+new objects and never delete the ones it names, so it costs a manifest, not a copy of the
+state. ``restore`` makes it the committed state again. With ``master="params"`` the tier holds
+no master weights, so the parameters must already be the weights saved with the step being
+adopted: ``restore`` checks their fingerprint first, and reopening a directory adopts the
+committed step or the checkpoint whose fingerprint the parameters have (params_master.py).
+
+Thread-safety: as the optimizer (one thread at a time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvstore.optim.layout import OffloadError, Subgroup
+from kvstore.optim.manifest import Manifest
+from kvstore.optim.params_master import match_params, param_sums
+from kvstore.optim.resident import ResidentState
+from kvstore.optim.versioned import VersionedState
+
+__all__ = ["CheckpointsMixin"]
+
+
+class CheckpointsMixin:
+    """The checkpoint methods of OffloadedOptimizer (mixed into it, which provides these)."""
+
+    master: str
+    resumed_from: str | None
+    subgroups: list[Subgroup]
+    _params: list[torch.Tensor]
+
+    @property
+    def versions(self) -> VersionedState | ResidentState:
+        raise NotImplementedError
+
+    def load_params(self) -> None:
+        raise NotImplementedError
+
+    def _refresh_state(self) -> None:
+        raise NotImplementedError
+
+    def _param_sums(self, subgroup: Subgroup) -> int:
+        return param_sums(subgroup, self._params)
+
+    def _current_sums(self) -> list[int]:
+        return [self._param_sums(s) for s in self.subgroups]
+
+    def _match_params(self) -> None:
+        """master="params" on reopen: pair the stored states with the parameters' step,
+        restoring the checkpoint they are the weights of if need be (else OffloadError)."""
+        versions = self.versions
+        if not isinstance(versions, VersionedState):
+            raise OffloadError('master="params" state is never resident')
+        where = versions.tier.where
+        name = match_params(self._current_sums(), versions.manifest, versions.checkpoints, where)
+        if name is not None:
+            versions.restore(name)
+            self.resumed_from = name
+
+    def checkpoint(self, name: str, *, verify: bool = False) -> None:
+        """Keep the committed step's objects under ``name`` (NVMe only): a manifest, no copy.
+        Later steps write new objects and never delete ones a checkpoint names. ``verify``
+        first reads every object back through the tier's checksums (CorruptionError).
+        With master="params", save the model's weights first: a checkpoint is adopted on
+        reopen only with the weights it was taken with."""
+        self.versions.checkpoint(name, verify)
+
+    def checkpoints(self) -> list[str]:
+        return sorted(self.versions.checkpoints)
+
+    def restore(self, name: str) -> None:
+        """Make checkpoint ``name`` the committed state and copy its master weights into the
+        parameters; the objects of the abandoned steps are deleted. With master="params" the
+        parameters must already hold the weights saved with it (else OffloadError, and
+        nothing changes)."""
+
+        def same_params(found: Manifest) -> None:
+            match_params(self._current_sums(), found, {}, f"checkpoint {name!r}")
+
+        self.versions.restore(name, same_params if self.master == "params" else None)
+        self.load_params()
+        self._refresh_state()
+
+    def delete_checkpoint(self, name: str) -> None:
+        self.versions.delete_checkpoint(name)
