@@ -1,4 +1,5 @@
-"""Skips tests whose hardware marker (uring, gpu, numa) this machine cannot satisfy."""
+"""Skips tests whose hardware marker (uring, gpu, numa) this machine cannot satisfy, and
+runs the vLLM tests last."""
 
 from __future__ import annotations
 
@@ -38,3 +39,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker, check in _CHECKS.items():
         if item.get_closest_marker(marker) is not None and (reason := check()):
             pytest.skip(f"needs {marker}: {reason}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The vLLM tests run last: scripts/test.sh builds their venv while the rest run."""
+    last = [item for item in items if "/kvstore/vllm/" in item.path.as_posix()]
+    if last:
+        keep = [item for item in items if "/kvstore/vllm/" not in item.path.as_posix()]
+        items[:] = keep + last

@@ -3,7 +3,7 @@ op (layout_contract.py), and the OffloadingSpec and SecondaryTierManager against
 (offload_contract.py).
 
 They need vLLM, which is not a tierkit dependency: those files run here under .venv-vllm's
-pytest (scripts/vllm_venv.sh builds it); skipped without it.
+pytest (scripts/vllm_venv.sh builds it; vllm_venv.py says when they skip).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+from tests.kvstore.vllm.vllm_venv import vllm_python
+
 CONTRACTS = [
     Path(__file__).with_name(name) for name in ("layout_contract.py", "offload_contract.py")
 ]
@@ -23,11 +23,11 @@ CONTRACTS = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not PYTHON.exists(), reason="no .venv-vllm (scripts/vllm_venv.sh builds it)")
 def test_kvstore_vllm_keeps_vllms_contracts(tmp_path: Path) -> None:
+    python = vllm_python()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     # -c /dev/null: not tierkit's pytest config (its plug-ins are not in that venv)
-    command = [str(PYTHON), "-m", "pytest", "-c", os.devnull, "-p", "no:cacheprovider",
+    command = [str(python), "-m", "pytest", "-c", os.devnull, "-p", "no:cacheprovider",
                "--rootdir", str(tmp_path), "-q", *map(str, CONTRACTS)]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
