@@ -141,7 +141,10 @@ class VersionedState:
         if verify:  # every object read back through the tier's checksums
             self.scan(lambda s, i: None)
         self.tier.save_manifest(self.manifest, key)
+        replaced = self.checkpoints.get(name)
         self.checkpoints[name] = self.manifest
+        if replaced is not None:  # a name taken again: the objects only it held go
+            self.collect_garbage()
 
     def restore(self, name: str, check: Callable[[Manifest], None] | None = None) -> None:
         """Make checkpoint ``name`` the committed state (``check`` may refuse it first)."""

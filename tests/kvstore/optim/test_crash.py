@@ -1,6 +1,7 @@
 """NVMe crash consistency: a writer killed (SIGKILL) in the middle of a step leaves the last
-committed step, whole; named checkpoints survive later steps and restore exactly; a directory
-holding the state of other parameters or another optimizer is refused."""
+committed step, whole (with master="params": the states of the step whose weights the writer
+saved last); named checkpoints survive later steps and restore exactly; a directory holding the
+state of other parameters or another optimizer is refused."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ def _reference(steps: int) -> tuple[Model, torch.optim.Optimizer]:
     return model, opt
 
 
-def _run_and_kill(directory: Path, acks_before_kill: int, fraction: float) -> int:
+def _run_and_kill(
+    directory: Path, acks_before_kill: int, fraction: float, master: str = "tier"
+) -> int:
     """Start the writer; after its ``acks_before_kill``-th committed step wait ``fraction`` of
     a step's time (measured between acknowledgements) and SIGKILL it. Returns the last step
     it acknowledged."""
+    writer = [sys.executable, "-m", "tests.kvstore.optim.crash_writer", str(directory), "0"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.kvstore.optim.crash_writer", str(directory), "0"],
+        [*writer, master],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -77,11 +81,18 @@ def _uncommitted_objects(directory: Path) -> list[str]:
     return default_runtime().submit(look()).result()
 
 
+def _assert_state_of_step(opt: OffloadedOptimizer, step: int) -> None:
+    """The optimizer's states are exactly torch's after ``step`` steps."""
+    saved = opt.state_dict()
+    for index, entry in _reference(step)[1].state_dict()["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(saved["state"][index][key], value), (index, key)
+
+
 def test_kill_mid_step_leaves_the_last_committed_step(tmp_path: Path) -> None:
     directory = tmp_path / "state"
-    acked = _run_and_kill(directory, 3, 0.5)
+    acked = _run_and_kill(directory, 2, 0.5)
     assert _uncommitted_objects(directory)  # the kill landed inside a step
-    acked = _run_and_kill(directory, 3, 0.3)  # resumes from the first kill, killed again
     model = make_model()
     with crash_writer.open_optimizer(model, str(directory)) as opt:
         assert opt.resumed
@@ -89,16 +100,34 @@ def test_kill_mid_step_leaves_the_last_committed_step(tmp_path: Path) -> None:
         assert opt.committed_step in (acked, acked + 1), (opt.committed_step, acked)
         reference, ref_opt = _reference(opt.committed_step)
         assert same_params(model, reference)  # the masters of exactly that step
-        saved = opt.state_dict()
-        for index, entry in ref_opt.state_dict()["state"].items():
-            for key, value in entry.items():
-                assert torch.equal(saved["state"][index][key], value), (index, key)
+        _assert_state_of_step(opt, opt.committed_step)
         # what the killed step had written is gone; what the manifest names is all there is
         stored = set(opt.versions.tier.keys("optim/sg"))
         assert stored == referenced_keys([opt.versions.manifest])
         train(model, opt, 2, first_step=opt.committed_step, schedule="constant")
         train(reference, ref_opt, 2, first_step=opt.committed_step - 2, schedule="constant")
         assert same_params(model, reference)
+
+
+def test_kill_with_params_as_masters_resumes_the_saved_weights_step(tmp_path: Path) -> None:
+    """master="params": the tier holds no weights, so the writer saves them, then a
+    checkpoint, after each step; killed anywhere, reopening with the saved weights adopts the
+    states of their step (the committed one, or the checkpoint when the kill came between a
+    commit and the save), and other weights are refused, not paired with the wrong states."""
+    directory = tmp_path / "state"
+    acked = _run_and_kill(directory, 2, 0.5, master="params")
+    saved = torch.load(directory / crash_writer.WEIGHTS, weights_only=True)
+    assert saved["step"] in (acked, acked + 1)  # the save in flight may have landed
+    model = make_model()
+    model.load_state_dict(saved["model"])
+    assert same_params(model, _reference(saved["step"])[0])
+    with crash_writer.open_optimizer(model, str(directory), master="params") as opt:
+        assert opt.resumed and opt.committed_step == saved["step"]
+        _assert_state_of_step(opt, saved["step"])
+        train(model, opt, 2, first_step=saved["step"], schedule="constant")
+        assert same_params(model, _reference(saved["step"] + 2)[0])
+    with pytest.raises(OffloadError, match="not that step's weights"):
+        crash_writer.open_optimizer(make_model(), str(directory), master="params")
 
 
 def test_named_checkpoints_survive_later_steps_and_restore(tmp_path: Path) -> None:

@@ -1,6 +1,10 @@
-"""Hugging Face's Trainer with the offloaded optimizer: the loss curve of a tiny Llama trained
-for 100 steps is bit-identical to torch's AdamW; a run killed after a checkpoint resumes from
-it (``optimizer.pt`` reloaded with ``weights_only=True``) and continues bit-identically."""
+"""Hugging Face's Trainer with the offloaded optimizer: a tiny Llama trained by ours (DRAM and
+NVMe) for MAX_STEPS steps, killed (-9) after its checkpoint at SAVE_STEP and resumed from it
+(``optimizer.pt`` reloaded with ``weights_only=True``), logs a loss curve bit-identical to
+torch's AdamW's over every step (the steps before the kill come back with the checkpoint's
+``trainer_state.json``), ends with identical weights and saved torch's optimizer state. One run
+per kind does both jobs (the loss curve and the resume), as the Trainer's own history makes the
+first part of the curve the killed run's; ``optimizer_cls_and_kwargs`` is checked apart."""
 
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 from tests.kvstore.optim import helpers_integration as harness
 from tests.kvstore.optim import trainer_resume_writer as writer
 
-MAX_STEPS = 100
-SAVE_STEP = 60
+MAX_STEPS = 60  # warm-up (10 steps) and the linear decay on both sides of the kill
+SAVE_STEP = 40
 OFFLOADED_KINDS = ["dram", "nvme"]
 
 
@@ -67,7 +71,7 @@ def reference(
     output_dir = tmp_path_factory.mktemp("reference")
     losses, weights = _train(output_dir, "torch")
     assert len(losses) == MAX_STEPS
-    assert losses[MAX_STEPS] < losses[1] - 2.0  # it learns: 4.9 nats down to about 2
+    assert losses[MAX_STEPS] < losses[1] - 1.5  # it learns: 4.9 nats down to about 3
     return losses, weights, _saved_optimizer(output_dir, SAVE_STEP)
 
 
@@ -88,19 +92,6 @@ def _assert_same_optimizer_state(got: dict[str, Any], want: dict[str, Any]) -> N
     assert len(got["param_groups"]) == len(want["param_groups"])
     for got_group, want_group in zip(got["param_groups"], want["param_groups"], strict=True):
         assert {k: got_group[k] for k in want_group} == want_group
-
-
-@pytest.mark.parametrize("kind", OFFLOADED_KINDS)
-def test_loss_curve_equals_torch_adamw(
-    tmp_path: Path,
-    kind: str,
-    reference: tuple[dict[int, float], dict[str, torch.Tensor], dict[str, Any]],
-) -> None:
-    want_losses, want_weights, want_state = reference
-    losses, weights = _train(tmp_path / "run", kind, tmp_path / "state")
-    assert losses == want_losses
-    _assert_same_weights(weights, want_weights)
-    _assert_same_optimizer_state(_saved_optimizer(tmp_path / "run", SAVE_STEP), want_state)
 
 
 @pytest.fixture
@@ -173,7 +164,7 @@ def test_optimizer_cls_and_kwargs(tmp_path: Path) -> None:
     for name, cls_and_kwargs in setups.items():
         with harness.one_thread():
             trainer = harness.make_trainer(
-                str(tmp_path / name), 40, optimizer_cls_and_kwargs=cls_and_kwargs
+                str(tmp_path / name), 12, optimizer_cls_and_kwargs=cls_and_kwargs
             )
             trainer.train()
             _close(trainer.optimizer)
@@ -218,6 +209,7 @@ def test_killed_run_resumes_identically(
     then loaded from the checkpoint's ``optimizer.pt``)."""
     want_losses, want_weights, want_state = reference
     output_dir, state_dir = writer.paths(str(killed_runs), kind)
+    # the killed run's optimizer.pt: ours saved torch's state (the killed run's own)
     _assert_same_optimizer_state(_saved_optimizer(Path(output_dir), SAVE_STEP), want_state)
 
     with harness.one_thread():
@@ -226,5 +218,7 @@ def test_killed_run_resumes_identically(
         )
         trainer.train(resume_from_checkpoint=harness.checkpoint_dir(output_dir, SAVE_STEP))
         _close(trainer.optimizer)
-    assert harness.step_losses(trainer) == want_losses
+    losses = harness.step_losses(trainer)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))  # the killed run's and the resumed
+    assert losses == want_losses
     _assert_same_weights(harness.parameters(trainer.model), want_weights)
