@@ -3,10 +3,12 @@
 Each configuration prefills every request of the replay on fresh stores and records, per
 request: prefill tokens computed (token-layers / layers for the chunk cache), the time to the
 first token's logits (TTFT: lookups, loads, re-rotation, the forward pass and the stores the
-call makes before it returns; all three do their stores inside the timed call), and the
-quality against a full prefill over the first 32 generated tokens: the reference greedy
-tokens are fed to both caches (teacher forcing) and each step's next-token distributions are
-compared, top-1 agreement and KL(full || configuration) in nats.
+call makes before it returns; all three do their stores inside the timed call), and, on the
+requests that have a reference (an evenly spaced sample, or all), the quality against a full
+prefill over the first 32 generated tokens: the reference greedy tokens are fed to both caches
+(teacher forcing) and each step's next-token distributions are compared, top-1 agreement and
+KL(full || configuration) in nats. The chunk cache also reports the seconds its forward pass
+waited for layer loads (``load_wait_s``: ~0 when loads overlap compute).
 
 - no cache: ``model(ids)`` on every request;
 - prefix caching: ``kvstore.hf.prefill`` over a ``KVBlockStore`` (16-token blocks): reuses
@@ -35,7 +37,7 @@ from kvstore import KVBlockStore
 from kvstore.hf import fingerprint_for, prefill
 from kvstore.rag import ChunkCache, Segment, assemble
 
-__all__ = ["Reference", "ReplayResult", "reference", "replay"]
+__all__ = ["Reference", "ReplayResult", "prompt_ids", "reference", "replay"]
 
 DECODE_TOKENS = 32
 BLOCK_TOKENS = 16
@@ -59,11 +61,17 @@ class ReplayResult:
     top1: list[float] = field(default_factory=list)  # per request: agreeing steps / steps
     kl: list[float] = field(default_factory=list)  # per request: mean KL per step
     reused_requests: int = 0  # requests reusing a chunk (prefix caching: the first one whole)
+    exact_tokens: int = 0  # chunk cache: reused tokens that were exact (no check, no recompute)
+    load_wait_s: list[float] = field(default_factory=list)  # chunk cache, per request
+
+
+def prompt_ids(request: RagRequest) -> torch.Tensor:
+    return torch.tensor([[*request.system, *(t for c in request.chunks for t in c),
+                          *request.question]])  # fmt: skip
 
 
 def reference(model: Any, request: RagRequest) -> Reference:
-    ids = torch.tensor([[*request.system, *(t for c in request.chunks for t in c),
-                         *request.question]])  # fmt: skip
+    ids = prompt_ids(request)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=DECODE_TOKENS, do_sample=False,
                              attention_mask=torch.ones_like(ids))  # fmt: skip
@@ -89,7 +97,7 @@ def _quality(model: Any, first_logits: torch.Tensor, cache: Any, ref: Reference)
 async def replay(
     model: Any,
     requests: Sequence[RagRequest],
-    references: Sequence[Reference],
+    references: Sequence[Reference | None],
     kind: str,
     work_dir: Path,
     fraction: float = 0.15,
@@ -98,7 +106,8 @@ async def replay(
 ) -> ReplayResult:
     """Replay ``requests`` through one configuration: ``kind`` "none", "prefix" or "chunk"
     (with ``rule`` at ``fraction``); ``quality`` False skips the comparison with the
-    reference (it does not depend on the round)."""
+    reference (it does not depend on the round); requests whose reference is None are
+    timed and counted but not compared."""
     names = {"none": "no cache", "prefix": "prefix caching"}
     name = names.get(kind, f"chunk {rule} f={fraction:g}")
     result = ReplayResult(name)
@@ -113,12 +122,16 @@ async def replay(
         store = await ChunkCache.open(directory, fp, disk_bytes=DISK_BYTES, dram_bytes=DRAM_BYTES)
     try:
         for request, ref in zip(requests, references, strict=True):
-            first, cache, computed, reused = await _prefill(model, store, kind, request, ref,
+            first, cache, computed, reused = await _prefill(model, store, kind, request,
                                                             fraction, rule)  # fmt: skip
             result.ttft_s.append(computed[1])
             result.tokens_computed.append(computed[0])
             result.reused_requests += reused
-            if quality:
+            if isinstance(cache, tuple):  # the chunk cache's (cache, exact tokens, wait)
+                cache, exact, wait_s = cache
+                result.exact_tokens += exact
+                result.load_wait_s.append(wait_s)
+            if quality and ref is not None:
                 top1, kl = await asyncio.to_thread(_quality, model, first, cache, ref)
                 result.top1.append(top1)
                 result.kl.append(kl)
@@ -134,12 +147,13 @@ async def _prefill(
     store: Any,
     kind: str,
     request: RagRequest,
-    ref: Reference,
     fraction: float,
     rule: str,
 ) -> tuple[torch.Tensor, Any, tuple[float, float], bool]:
-    """(first-token logits, cache, (tokens computed, TTFT s), reused beyond the system)."""
-    ids, n = ref.ids, ref.ids.shape[1]
+    """(first-token logits, cache, (tokens computed, TTFT s), reused beyond the system); the
+    chunk cache's cache comes as (cache, exact tokens, load wait s)."""
+    ids = prompt_ids(request)
+    n = ids.shape[1]
     started = time.perf_counter()
     if kind == "none":
 
@@ -161,4 +175,5 @@ async def _prefill(
     prompt = await assemble(model, store, segments, recompute_fraction=fraction, rule=rule)
     elapsed = time.perf_counter() - started
     reused = prompt.reused_tokens > len(request.system)
-    return prompt.logits, prompt.cache, (prompt.tokens_computed, elapsed), reused
+    extra = (prompt.cache, prompt.exact_tokens, prompt.load_wait_s)
+    return prompt.logits, extra, (prompt.tokens_computed, elapsed), reused

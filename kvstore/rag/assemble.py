@@ -8,6 +8,12 @@ and missed chunks are computed, and a ``recompute_fraction`` of the reused token
 recomputed. The missed chunks' KV, computed in this prompt, is then stored for the next one.
 ``generate`` decodes on from the result with ``model.generate``.
 
+Exact segments: a chunk stored with no approximate reuse before it in its prompt is stored
+with the ``context_hash`` of the tokens before it. Reused where the same tokens precede it
+at the same position (the system text at position 0, or a run of chunks in the order they
+were first computed in), its KV is what a full prefill computes: it is neither checked nor
+recomputed, and the recompute fraction counts the other reused tokens only.
+
 Invariants:
 - A chunk is reused only if every layer of it loads and passes its checks; a chunk found
   corrupt mid-prefill is dropped by the cache and the prefill starts over with it computed.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +37,22 @@ import torch
 
 from kvstore.rag.blend import blend_prefill
 from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo
+from kvstore.rag.chunk_format import context_hashes
 from kvstore.rag.errors import RagArgumentError
 from kvstore.rag.rope import RopeRotator
 
-__all__ = ["RULES", "AssembledPrompt", "Segment", "assemble", "generate"]
+__all__ = [
+    "DEFAULT_FRACTION",
+    "DEFAULT_RULE",
+    "RULES",
+    "AssembledPrompt",
+    "Segment",
+    "assemble",
+    "generate",
+]
 
 RULES = ("deviation", "chunk-start", "hybrid")
+DEFAULT_RULE, DEFAULT_FRACTION = "deviation", 0.15  # benchmarks/RESULTS.md has the sweep
 HYBRID_CANDIDATES = 3.0  # the hybrid rule checks this many times the recompute fraction
 
 
@@ -53,6 +70,8 @@ class AssembledPrompt:
     tokens_computed: float  # token-layers / layers (a full prefill: n)
     reused_tokens: int
     stored_chunks: int
+    exact_tokens: int = 0  # of reused_tokens: exact (see the module docstring), never recomputed
+    load_wait_s: float = 0.0  # the forward pass waiting for chunk layers to arrive
 
 
 class _ChunkLost(Exception):
@@ -66,9 +85,9 @@ async def assemble(
     chunks: ChunkCache,
     segments: Sequence[Segment],
     *,
-    recompute_fraction: float = 0.15,
+    recompute_fraction: float = DEFAULT_FRACTION,
     check_layer: int = 1,
-    rule: str = "deviation",
+    rule: str = DEFAULT_RULE,
 ) -> AssembledPrompt:
     """Prefill ``segments`` reusing ``chunks``' KV; see the module docstring. ``rule`` picks
     the reused tokens to recompute: "deviation" (CacheBlend: the largest K deviation at
@@ -90,15 +109,24 @@ async def assemble(
             info = chunks.lookup(segment.token_ids)
             if info is not None:
                 hits[slot] = info
+    contexts = context_hashes([segment.token_ids for segment in segments])
     while True:
+        exact = {
+            slot for slot, info in hits.items()
+            if recompute_fraction < 1.0 and info.context is not None
+            and info.position == offsets[slot] and info.context == contexts[slot]
+        }  # fmt: skip
         try:
-            result = await _run(model, chunks, rotator, ids, offsets, segments, hits,
-                                recompute_fraction, check_layer, rule)  # fmt: skip
+            result, wait_s = await _run(model, chunks, rotator, ids, offsets, segments, hits,
+                                        exact, recompute_fraction, check_layer, rule)  # fmt: skip
             break
         except _ChunkLost as lost:  # the cache dropped them: compute them this time
             for slot in lost.slots:
                 hits.pop(slot, None)
-    missed = []
+    # a missed chunk's KV is exact when nothing before it was reused approximately
+    approximate = [offsets[slot] for slot in hits if slot not in exact and recompute_fraction < 1]
+    exact_until = min(approximate, default=ids.shape[1])
+    missed, missed_contexts = [], []
     for slot, segment in enumerate(segments):
         if segment.cacheable and segment.token_ids and slot not in hits:
             begin, end = offsets[slot], offsets[slot] + len(segment.token_ids)
@@ -107,38 +135,47 @@ async def assemble(
                 for layer in result.cache.layers
             ]).to(device="cpu", dtype=chunks.fingerprint.torch_dtype)  # fmt: skip
             missed.append((segment.token_ids, kv, begin))
-    stored = await chunks.put_many(missed) if missed else 0
+            missed_contexts.append(contexts[slot] if begin <= exact_until else None)
+    stored = await chunks.put_many(missed, missed_contexts) if missed else 0
     reused = 0 if recompute_fraction >= 1.0 else sum(len(segments[s].token_ids) for s in hits)
-    return AssembledPrompt(ids, result.logits, result.cache, result.tokens_computed, reused, stored)
+    exact_tokens = sum(len(segments[s].token_ids) for s in exact)
+    return AssembledPrompt(ids, result.logits, result.cache, result.tokens_computed, reused,
+                           stored, exact_tokens, wait_s)  # fmt: skip
 
 
 async def _run(
     model: Any, chunks: ChunkCache, rotator: RopeRotator, ids: torch.Tensor,
     offsets: list[int], segments: Sequence[Segment], hits: dict[int, ChunkInfo],
-    fraction: float, check_layer: int, rule: str,
-) -> Any:  # fmt: skip
+    exact: set[int], fraction: float, check_layer: int, rule: str,
+) -> tuple[Any, float]:  # fmt: skip
+    """(the blend's result, seconds its forward pass waited for loads)."""
     num_layers, n = chunks.fingerprint.num_layers, ids.shape[1]
     reused = torch.zeros(n, dtype=torch.bool)
+    exact_mask = torch.zeros(n, dtype=torch.bool)
     priority = None if rule == "deviation" else torch.zeros(n)
     for slot in hits:
         begin, length = offsets[slot], len(segments[slot].token_ids)
         reused[begin : begin + length] = True
+        exact_mask[begin : begin + length] = slot in exact
         if priority is not None:  # 1 for a chunk's first token, falling to 0 at its end
             priority[begin : begin + length] = 1.0 - torch.arange(length) / length
-    first_layer = check_layer if priority is None else 0
+    # below the check layer only the exact chunks' KV is read
+    first_layer = check_layer if priority is None and not exact else 0
     layers: list[concurrent.futures.Future[list[Any]]] = [
         concurrent.futures.Future() for _ in range(num_layers)
     ]
+    waited = [0.0]
 
     async def feed() -> None:  # on the loop: layer after layer, while the thread computes
         slots = list(hits)
         try:
             for layer in range(first_layer, num_layers):
-                parts = await asyncio.gather(*(chunks.load_layer(hits[s], layer) for s in slots))
-                lost = [s for s, part in zip(slots, parts, strict=True) if part is None]
+                wanted = slots if layer >= check_layer or priority is not None else list(exact)
+                parts = await asyncio.gather(*(chunks.load_layer(hits[s], layer) for s in wanted))
+                lost = [s for s, part in zip(wanted, parts, strict=True) if part is None]
                 if lost:
                     raise _ChunkLost(lost)
-                layers[layer].set_result(parts)
+                layers[layer].set_result(list(zip(wanted, parts, strict=True)))
         except BaseException as exc:  # the thread must never wait for a layer that won't come
             error = exc if isinstance(exc, Exception) else RuntimeError(f"loads stopped: {exc!r}")
             for future in layers:
@@ -148,9 +185,12 @@ async def _run(
                 raise
 
     def layer_kv(layer: int) -> torch.Tensor:
+        started = time.perf_counter()
         parts = layers[layer].result()
-        full = torch.zeros((2, *parts[0].shape[1:-2], n, parts[0].shape[-1]), dtype=model.dtype)
-        for slot, part in zip(hits, parts, strict=True):
+        waited[0] += time.perf_counter() - started
+        shape = parts[0][1].shape
+        full = torch.zeros((2, shape[1], n, shape[-1]), dtype=model.dtype)
+        for slot, part in parts:
             begin, info = offsets[slot], hits[slot]
             keys = rotator.shift(part[0], info.position, begin)
             full[0, :, begin : begin + info.num_tokens] = keys
@@ -158,17 +198,20 @@ async def _run(
         return full
 
     if not hits or fraction >= 1.0:  # nothing is reused: a plain full prefill
-        return await asyncio.to_thread(
+        result = await asyncio.to_thread(
             blend_prefill, model, ids, torch.zeros(n, dtype=torch.bool), layer_kv,
             recompute_fraction=1.0,
         )  # fmt: skip
+        return result, 0.0
     feeder = asyncio.ensure_future(feed())
     try:
-        return await asyncio.to_thread(
+        result = await asyncio.to_thread(
             blend_prefill, model, ids, reused, layer_kv,
             recompute_fraction=fraction, check_layer=check_layer, priority=priority,
             candidates=min(1.0, HYBRID_CANDIDATES * fraction) if rule == "hybrid" else None,
+            exact=exact_mask,
         )  # fmt: skip
+        return result, waited[0]
     finally:
         feeder.cancel()
         await asyncio.gather(feeder, return_exceptions=True)

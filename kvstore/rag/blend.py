@@ -124,6 +124,7 @@ def blend_prefill(
     check_layer: int = 1,
     priority: torch.Tensor | None = None,
     candidates: float | None = None,
+    exact: torch.Tensor | None = None,
 ) -> BlendResult:
     """Prefill ``input_ids`` ``[1, n]`` reusing the KV of the tokens where ``reused`` ``[n]``
     (bool) is True: ``layer_kv(l)`` gives layer l's ``[2, kv_heads, n, head_dim]`` with those
@@ -134,7 +135,13 @@ def blend_prefill(
     the first layer and no check runs: every layer from 0 reuses the unchosen tokens' KV.
     With ``priority`` and ``candidates`` (a fraction of the reused tokens, >= the recompute
     fraction) the check runs on the top ``candidates`` by priority only: they alone run the
-    layers below it, and the deviation picks the recomputed ones among them."""
+    layers below it, and the deviation picks the recomputed ones among them.
+
+    ``exact`` ``[n]`` (bool, within ``reused``) marks reused tokens whose KV is already what a
+    full prefill of this prompt computes (stored after the same tokens at the same
+    positions): they never run, are never checked or chosen, and the fraction counts the
+    other reused tokens only; their KV is asked of ``layer_kv`` for every layer. Below
+    fraction 1.0 only: 1.0 runs every token."""
     from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
 
@@ -146,10 +153,17 @@ def blend_prefill(
         raise RagArgumentError(f"check_layer {check_layer} of a {num_layers}-layer model")
     device = model.device
     reused = reused.to(device)
-    reused_idx = torch.nonzero(reused).flatten()
+    if exact is None or recompute_fraction >= 1.0:
+        exact = torch.zeros_like(reused)
+    exact = exact.to(device)
+    if bool((exact & ~reused).any()):
+        raise RagArgumentError("exact tokens must be reused tokens")
+    if recompute_fraction >= 1.0:
+        reused = torch.zeros_like(reused)  # every token through every layer: a full prefill
+    reused_idx = torch.nonzero(reused & ~exact).flatten()  # the ones the rule may recompute
     fresh_idx = torch.nonzero(~reused).flatten()
-    if recompute_fraction >= 1.0 or reused_idx.numel() == 0:
-        check_layer = num_layers  # every token through every layer: a full prefill
+    if reused_idx.numel() == 0:
+        check_layer = num_layers  # nothing to check: the non-exact tokens run every layer
     positions = torch.arange(n, device=device).unsqueeze(0)
     per_token, projection = layer_flops(config, n // 2)
     RopeRotator(model)  # refuses a length-dependent RoPE before any work
@@ -171,11 +185,16 @@ def blend_prefill(
         )
         kv = _ScatterKV([])
         token_layers = 0.0
-        active = torch.arange(n, device=device)
+        active = torch.nonzero(~exact).flatten()
         pe, mask = full_pe, full_mask
+        reuse_from = check_layer
+        if active.numel() < n:  # the exact tokens' KV is read at every layer, never computed
+            hidden = hidden[:, active]
+            pe, mask = _take(full_pe, active), _mask(model, active, n)
+            reuse_from = 0
         count = round(recompute_fraction * reused_idx.numel())
         pool: torch.Tensor | None = reused_idx
-        selected, reuse_from = reused_idx[:0], check_layer
+        selected = reused_idx[:0]
         if priority is not None and check_layer < num_layers:  # chosen before any layer
             scores = priority.to(device)[reused_idx]
             if candidates is None:  # by priority alone: no check
@@ -186,7 +205,7 @@ def blend_prefill(
                 pool = _top(reused_idx, scores, wanted)
                 active = torch.cat((pool, fresh_idx)).sort().values
                 pool = pool if pool.numel() else None  # nothing to check
-            hidden = hidden[:, active]
+            hidden = base.embed_tokens(input_ids.to(device))[:, active]
             pe, mask = _take(full_pe, active), _mask(model, active, n)
             reuse_from = 0
         for index, layer in enumerate(base.layers[:num_layers]):

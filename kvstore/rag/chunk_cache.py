@@ -63,6 +63,7 @@ class ChunkInfo:
     num_tokens: int
     position: int  # the first position its KV was computed at
     size_bytes: int
+    context: bytes | None = None  # context_hash of the tokens before it, when its KV is exact
     hits: int = 0
     priority: float = 0.0
 
@@ -92,8 +93,9 @@ class ChunkCache:
         for key in store.keys(f"rag/{self.namespace}/"):
             parsed = parse_chunk_key(key)
             if parsed is not None:
-                digest, num_tokens, position = parsed
-                self._admit(ChunkInfo(key, digest, num_tokens, position, store.size_of(key) or 0))
+                digest, num_tokens, position, context = parsed
+                size = store.size_of(key) or 0
+                self._admit(ChunkInfo(key, digest, num_tokens, position, size, context=context))
 
     @classmethod
     async def open(
@@ -142,7 +144,8 @@ class ChunkCache:
         staging = torch.empty(info.size_bytes, dtype=torch.uint8)
         if not await self._get(info, staging, None):
             return None
-        if not header_ok(staging[:HEADER_BYTES], self.namespace, info.num_tokens, info.position):
+        header = staging[:HEADER_BYTES]
+        if not header_ok(header, self.namespace, info.num_tokens, info.position, info.context):
             await self._damaged(info)
             return None
         return kv_view(self.fingerprint, staging[HEADER_BYTES:], info.num_tokens, None)
@@ -162,45 +165,57 @@ class ChunkCache:
 
     # ------------------------------------------------------------------ writes
     async def put(
-        self, token_ids: Sequence[int], kv: torch.Tensor, position: int
+        self,
+        token_ids: Sequence[int],
+        kv: torch.Tensor,
+        position: int,
+        context: bytes | None = None,
     ) -> ChunkInfo | None:
         """Store ``kv`` (``kv_shape(len(token_ids))``, the fingerprint's dtype), computed with
-        its first token at ``position``; evicts lower-valued chunks to make room. Returns the
-        chunk (the one already cached, if any), or None when it cannot fit."""
-        await self.put_many([(token_ids, kv, position)])
+        its first token at ``position`` (``context``: the ``context_hash`` of the tokens
+        before it, only when the KV is exactly a full prefill's for them); evicts
+        lower-valued chunks to make room. Returns the chunk (the one already cached, if
+        any), or None when it cannot fit."""
+        await self.put_many([(token_ids, kv, position)], contexts=[context])
         return self._chunks.get(chunk_hash(token_ids))
 
-    async def put_many(self, items: Sequence[tuple[Sequence[int], torch.Tensor, int]]) -> int:
-        """``put`` each (token_ids, kv, position) with one durable write for all (one
-        submission, one fdatasync per file, one catalog commit); how many were stored."""
+    async def put_many(
+        self,
+        items: Sequence[tuple[Sequence[int], torch.Tensor, int]],
+        contexts: Sequence[bytes | None] | None = None,
+    ) -> int:
+        """``put`` each (token_ids, kv, position) (with ``contexts[i]``, as ``put``'s) with
+        one durable write for all (one submission, one fdatasync per file, one catalog
+        commit); how many were stored."""
+        contexts = list(contexts) if contexts is not None else [None] * len(items)
+        if len(contexts) != len(items):
+            raise InvalidArgumentError(f"{len(contexts)} contexts for {len(items)} chunks")
         for token_ids, kv, position in items:
             self._check(token_ids, kv, position)
         async with self._lock:
-            fresh: dict[bytes, tuple[str, torch.Tensor, int, int]] = {}
-            for token_ids, kv, position in items:
+            fresh: dict[bytes, ChunkInfo] = {}
+            payloads: dict[bytes, torch.Tensor] = {}
+            for (token_ids, kv, position), context in zip(items, contexts, strict=True):
                 digest = chunk_hash(token_ids)
                 if digest in self._chunks or digest in fresh:
                     continue
-                key = chunk_key(self.namespace, digest, len(token_ids), position)
-                fresh[digest] = (
-                    key,
-                    encode_chunk(kv, self.namespace, position),
-                    len(token_ids),
-                    position,
-                )
-            kept: dict[bytes, tuple[str, torch.Tensor, int, int]] = {}
-            for digest, (key, payload, num_tokens, position) in fresh.items():
+                key = chunk_key(self.namespace, digest, len(token_ids), position, context)
+                payloads[digest] = encode_chunk(kv, self.namespace, position, context)
+                size = payloads[digest].numel()
+                fresh[digest] = ChunkInfo(key, digest, len(token_ids), position, size, context)
+            kept: list[ChunkInfo] = []
+            for info in fresh.values():
                 # room for the ones kept so far too: they are written together below
-                held = sum(p.numel() for _, p, _, _ in kept.values())
-                if await self._make_room(held + payload.numel()):
-                    kept[digest] = (key, payload, num_tokens, position)
+                held = sum(k.size_bytes for k in kept)
+                if await self._make_room(held + info.size_bytes):
+                    kept.append(info)
                 else:
                     self.counters["rejected"] += 1
             if not kept:
                 return 0
-            await self._store.put_many({key: payload for key, payload, _, _ in kept.values()})
-            for digest, (key, payload, num_tokens, position) in kept.items():
-                self._admit(ChunkInfo(key, digest, num_tokens, position, payload.numel()))
+            await self._store.put_many({info.key: payloads[info.chunk_hash] for info in kept})
+            for info in kept:
+                self._admit(info)
             self.counters["stored"] += len(kept)
             return len(kept)
 

@@ -3,8 +3,9 @@
 The one place a chunk object is written and read (kvstore.rag.chunk_cache stores them)::
 
     key    rag/<namespace: 16 hex>/<sha256 of the token ids: 64 hex>/<tokens>/<position>
+           [/<context: 32 hex>] when the KV is exact for the tokens before it (see below)
     bytes  header: HEADER_BYTES (4096), JSON padded with spaces: magic, namespace,
-           num_tokens, position, per-layer key and value RMS (float32 statistics a reuse
+           num_tokens, position, context, per-layer key and value RMS (float32 statistics a reuse
            rule or a reader can check without the KV)
            KV: [layers, 2 (K, V), kv_heads, tokens, head_dim] in the fingerprint's dtype, C
            order, so layer l is the byte range HEADER_BYTES + l * layer_bytes, layer_bytes
@@ -12,7 +13,11 @@ The one place a chunk object is written and read (kvstore.rag.chunk_cache stores
            its size on disk is what the tier charges)
 
 ``chunk_hash`` is sha256 over the token ids (8 bytes each, little-endian, after a domain
-tag): the same tokens have the same name in every process.
+tag): the same tokens have the same name in every process. ``context_hash`` names the
+tokens before a chunk (the first 16 bytes of their ``chunk_hash``): a chunk stored with one
+was computed after exactly those tokens, with no approximation before it, so its KV is what a
+full prefill gives wherever the same tokens precede it at the same position (the system text
+at position 0, most often) and needs no recompute there.
 
 Thread-safety: free functions over immutable inputs; results are new tensors or views of
 the caller's buffer.
@@ -32,6 +37,8 @@ __all__ = [
     "HEADER_BYTES",
     "chunk_hash",
     "chunk_key",
+    "context_hash",
+    "context_hashes",
     "encode_chunk",
     "header_ok",
     "kv_view",
@@ -51,17 +58,36 @@ def chunk_hash(token_ids: Sequence[int]) -> bytes:
     return digest.digest()
 
 
-def chunk_key(namespace: str, digest: bytes, num_tokens: int, position: int) -> str:
-    return f"rag/{namespace}/{digest.hex()}/{num_tokens}/{position}"
+def context_hash(token_ids: Sequence[int]) -> bytes:
+    return chunk_hash(token_ids)[:16]
 
 
-def parse_chunk_key(key: str) -> tuple[bytes, int, int] | None:
-    """(hash, tokens, position) of a chunk key; None for a key that is not one."""
+def context_hashes(segments: Sequence[Sequence[int]]) -> list[bytes]:
+    """``context_hash`` of the tokens before each segment of a prompt (one pass)."""
+    digest, out = hashlib.sha256(b"tierkit-rag"), []
+    for segment in segments:
+        out.append(digest.copy().digest()[:16])
+        for token in segment:
+            digest.update(int(token).to_bytes(8, "little", signed=True))
+    return out
+
+
+def chunk_key(
+    namespace: str, digest: bytes, num_tokens: int, position: int, context: bytes | None = None
+) -> str:
+    key = f"rag/{namespace}/{digest.hex()}/{num_tokens}/{position}"
+    return key if context is None else f"{key}/{context.hex()}"
+
+
+def parse_chunk_key(key: str) -> tuple[bytes, int, int, bytes | None] | None:
+    """(hash, tokens, position, context or None) of a chunk key; None for a key that is
+    not one."""
     parts = key.split("/")
-    if len(parts) != 5 or parts[0] != "rag":
+    if len(parts) not in (5, 6) or parts[0] != "rag":
         return None
     try:
-        return bytes.fromhex(parts[2]), int(parts[3]), int(parts[4])
+        context = bytes.fromhex(parts[5]) if len(parts) == 6 else None
+        return bytes.fromhex(parts[2]), int(parts[3]), int(parts[4]), context
     except ValueError:
         return None
 
@@ -82,8 +108,11 @@ def kv_view(
     return raw[:used].view(fingerprint.torch_dtype).view(shape)
 
 
-def encode_chunk(kv: torch.Tensor, namespace: str, position: int) -> torch.Tensor:
-    """The object's bytes (uint8, a multiple of 4 KiB) for ``kv`` computed at ``position``."""
+def encode_chunk(
+    kv: torch.Tensor, namespace: str, position: int, context: bytes | None = None
+) -> torch.Tensor:
+    """The object's bytes (uint8, a multiple of 4 KiB) for ``kv`` computed at ``position``
+    (after the tokens named by ``context``, when exact)."""
     kv = kv.detach().to("cpu").contiguous()
     wide = kv.float()
     header = {
@@ -91,6 +120,7 @@ def encode_chunk(kv: torch.Tensor, namespace: str, position: int) -> torch.Tenso
         "namespace": namespace,
         "num_tokens": kv.shape[3],
         "position": position,
+        "context": None if context is None else context.hex(),
         "key_rms": [round(float(x), 6) for x in wide[:, 0].pow(2).mean((1, 2, 3)).sqrt()],
         "value_rms": [round(float(x), 6) for x in wide[:, 1].pow(2).mean((1, 2, 3)).sqrt()],
     }
@@ -103,7 +133,9 @@ def encode_chunk(kv: torch.Tensor, namespace: str, position: int) -> torch.Tenso
     return payload
 
 
-def header_ok(raw: torch.Tensor, namespace: str, num_tokens: int, position: int) -> bool:
+def header_ok(
+    raw: torch.Tensor, namespace: str, num_tokens: int, position: int, context: bytes | None
+) -> bool:
     """Whether the header page ``raw`` names this chunk (a misfiled or damaged object does
     not)."""
     try:
@@ -113,4 +145,5 @@ def header_ok(raw: torch.Tensor, namespace: str, num_tokens: int, position: int)
     return bool(
         header.get("magic") == _MAGIC and header.get("namespace") == namespace
         and header.get("num_tokens") == num_tokens and header.get("position") == position
+        and header.get("context") == (None if context is None else context.hex())
     )  # fmt: skip

@@ -12,6 +12,7 @@ import torch
 
 from kvstore.fingerprint import ModelFingerprint
 from kvstore.rag.chunk_cache import ChunkCache
+from kvstore.rag.chunk_format import context_hash, parse_chunk_key
 from kvstore.rag.errors import ChunkShapeError
 from tiers import InvalidArgumentError
 
@@ -58,8 +59,9 @@ def test_a_reopened_cache_hits(tmp_path: Path) -> None:
     async def main() -> None:
         cache = await _open(tmp_path)
         chunks = [_chunk(seed, 10 + seed) for seed in range(4)]
+        contexts = [context_hash(range(seed)) if seed % 2 else None for seed in range(4)]
         for position, (ids, kv) in enumerate(chunks):
-            await cache.put(ids, kv, position=position * 7)
+            await cache.put(ids, kv, position=position * 7, context=contexts[position])
         await cache.aclose()
         cache = await _open(tmp_path)
         try:
@@ -67,7 +69,12 @@ def test_a_reopened_cache_hits(tmp_path: Path) -> None:
             for position, (ids, kv) in enumerate(chunks):
                 info = cache.lookup(ids)
                 assert info is not None and info.position == position * 7
+                assert info.context == contexts[position]  # rebuilt from the key alone
                 assert torch.equal(await cache.load(info), kv)  # type: ignore[arg-type]
+            # a key of the earlier format (no context part) still parses: never exact
+            assert parse_chunk_key(f"rag/{'0' * 16}/{'ab' * 32}/5/7") == (
+                bytes.fromhex("ab" * 32), 5, 7, None,
+            )  # fmt: skip
         finally:
             await cache.aclose()
 
