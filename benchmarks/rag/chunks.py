@@ -75,9 +75,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.questions = args.questions or (100 if quick else None)
-    args.requests = args.requests or (150 if quick else 1000)
+    args.requests = args.requests or (120 if quick else 1000)
     args.rounds = args.rounds or (2 if quick else 3)
-    args.quality_requests = args.quality_requests or (100 if quick else 500)
+    args.quality_requests = args.quality_requests or (60 if quick else 500)
     default = "0,0.15" if quick else "0,0.05,0.1,0.15,0.3"
     args.fractions = [float(f) for f in (args.fractions or default).split(",")]
     rules = args.rules or "chunk-start,deviation"
@@ -160,6 +160,15 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "sweep_pick": None if picked is None else f"{picked[2]} {picked[1]:g}",
         "sweep_kl_bound": round(bound, 7),
         "prefix_vs_no_cache": round(prefix["tokens"] / total, 4),
+        "tokens": {
+            "total": total,
+            "prefix": prefix["tokens"],
+            "chunk": round(chunk["tokens"], 1),
+            "chunk_reused": chunk["reused_tokens"],
+            "chunk_exact": chunk["exact_tokens"],
+            "questions": sum(len(r.question) for r in requests),
+            "cold": sum(cold),
+        },
         "load_wait_ms_median": round(chunk["load_wait_ms"], 3),
         "load_wait_ms_p90": round(chunk["load_wait_p90_ms"], 3),
         "by_length": lengths,

@@ -47,6 +47,7 @@ def row(results: list[ReplayResult]) -> dict[str, Any]:
         "kl": statistics.fmean(first.kl) if first.kl else float("nan"),
         "compared": len(first.top1),
         "reused_requests": first.reused_requests,
+        "reused_tokens": first.reused_tokens,
         "exact_tokens": first.exact_tokens,
         "load_wait_ms": statistics.median(waits) * 1e3,
         "load_wait_p90_ms": sorted(waits)[int(0.9 * (len(waits) - 1))] * 1e3,

@@ -61,6 +61,7 @@ class ReplayResult:
     top1: list[float] = field(default_factory=list)  # per request: agreeing steps / steps
     kl: list[float] = field(default_factory=list)  # per request: mean KL per step
     reused_requests: int = 0  # requests reusing a chunk (prefix caching: the first one whole)
+    reused_tokens: int = 0  # chunk cache: tokens whose stored KV was used (exact ones included)
     exact_tokens: int = 0  # chunk cache: reused tokens that were exact (no check, no recompute)
     load_wait_s: list[float] = field(default_factory=list)  # chunk cache, per request
 
@@ -127,8 +128,9 @@ async def replay(
             result.ttft_s.append(computed[1])
             result.tokens_computed.append(computed[0])
             result.reused_requests += reused
-            if isinstance(cache, tuple):  # the chunk cache's (cache, exact tokens, wait)
-                cache, exact, wait_s = cache
+            if isinstance(cache, tuple):  # the chunk cache's (cache, reused, exact, wait)
+                cache, reused_tokens, exact, wait_s = cache
+                result.reused_tokens += reused_tokens
                 result.exact_tokens += exact
                 result.load_wait_s.append(wait_s)
             if quality and ref is not None:
@@ -151,7 +153,7 @@ async def _prefill(
     rule: str,
 ) -> tuple[torch.Tensor, Any, tuple[float, float], bool]:
     """(first-token logits, cache, (tokens computed, TTFT s), reused beyond the system); the
-    chunk cache's cache comes as (cache, exact tokens, load wait s)."""
+    chunk cache's cache comes as (cache, reused tokens, exact tokens, load wait s)."""
     ids = prompt_ids(request)
     n = ids.shape[1]
     started = time.perf_counter()
@@ -175,5 +177,5 @@ async def _prefill(
     prompt = await assemble(model, store, segments, recompute_fraction=fraction, rule=rule)
     elapsed = time.perf_counter() - started
     reused = prompt.reused_tokens > len(request.system)
-    extra = (prompt.cache, prompt.exact_tokens, prompt.load_wait_s)
+    extra = (prompt.cache, prompt.reused_tokens, prompt.exact_tokens, prompt.load_wait_s)
     return prompt.logits, extra, (prompt.tokens_computed, elapsed), reused
