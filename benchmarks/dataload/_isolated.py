@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.dataload import _fmnist, _map_dataset, _text
+from benchmarks.dataload import _fmnist, _map_dataset, _tar_shards, _text
 from benchmarks.dataload._measure import Run, time_run
 from benchmarks.dataload._peers import RecordDataset, torch_loader
 
@@ -35,7 +35,9 @@ BUDGETS = {
     "fmnist": {"full": (None, 30.0), "quick": (30_000, 5.0), "smoke": (1_000, 0.5)},
     "parquet_text": {"full": (None, 20.0), "quick": (8_000, 5.0), "smoke": (500, 0.5)},
     "map_dataset": {"full": (None, 30.0), "quick": (10_000, 5.0), "smoke": (500, 0.5)},
+    "tar_shards": {"full": (None, 30.0), "quick": (20_000, 5.0), "smoke": (500, 0.5)},
 }
+PEER_PREFIX = {"tar_shards": "wds_nw"}  # the peer's run names (default: DataLoader's)
 PNG_COUNT = {"full": 70_000, "quick": 10_000, "smoke": 1_000}
 
 
@@ -55,6 +57,8 @@ def prepare(workload: str, out: Path, mode: str, notes: list[str]) -> dict[str, 
         path = out / ("dataload_docs_smoke.parquet" if smoke else "dataload_docs.parquet")
         count = _text.build_parquet(path, _text.SMOKE_DOCS if smoke else None)
         return {"path": str(path), "count": count}
+    if workload == _tar_shards.WORKLOAD:
+        return _tar_shards.prepare(out, mode, notes)
     folder = _map_dataset.ensure_pngs(out, PNG_COUNT[mode], notes, install)
     return {"folder": str(folder), "count": PNG_COUNT[mode]}
 
@@ -78,6 +82,8 @@ def _starter(workload: str, system: str, workers: int, seed: int, data: dict[str
             source = ParquetSource(path, columns=["text"])
             return lambda: ours(source, _text.BATCH, _text.sample_tokens)
         return lambda: torch_loader(_text.TableDataset(path), _text.BATCH, workers, seed)
+    if workload == _tar_shards.WORKLOAD:
+        return _tar_shards.starter(system, workers, seed, data)
     folder, batch_size = Path(data["folder"]), _map_dataset.BATCH
     if system == "tierkit":
         return lambda: ours(_map_dataset.make_dataset(folder), batch_size)
@@ -87,6 +93,8 @@ def _starter(workload: str, system: str, workers: int, seed: int, data: dict[str
 def _files(workload: str, data: dict[str, Any]) -> list[Path]:
     if workload == "map_dataset":
         return _map_dataset.png_files(Path(data["folder"]))
+    if workload == _tar_shards.WORKLOAD:
+        return _tar_shards.files(data)
     return [Path(data["path"])]
 
 
@@ -125,7 +133,8 @@ def child(spec: dict[str, Any]) -> None:
     per_batch, per_bytes = _counters(workload)
     runs = []
     for workers in spec["workers"]:
-        name = f"tierkit_w{workers}" if system == "tierkit" else f"torch_nw{workers}"
+        peer = PEER_PREFIX.get(workload, "torch_nw")
+        name = f"tierkit_w{workers}" if system == "tierkit" else f"{peer}{workers}"
         start = _starter(workload, system, workers, spec["seed"], data)
         extra0 = _forkserver_cpu_s()
         run = time_run(

@@ -20,9 +20,12 @@ HEADLINE_LOADER = {
     "fmnist": "tierkit",
     "parquet_text": "tierkit",
     "map_dataset": "tierkit",
+    "tar_shards": "tierkit",
 }
 # issue 19's targets per workload (records: issue 5's)
 TARGETS_VS_TORCH = {"records_32k": 2.0, "fmnist": 1.5, "parquet_text": 1.2, "map_dataset": 1.2}
+TARGETS_VS_TORCH["tar_shards"] = 2.0  # against WebDataset's own loader (issue 19)
+PEER_PREFIX = {"tar_shards": "wds_nw"}  # peer run names other than DataLoader's "torch_nw"
 
 
 def _runs(runs: list[Run], workload: str, loader: str) -> list[Run]:
@@ -81,7 +84,8 @@ def print_report(runs: list[Run], notes: list[str], quick: bool, elapsed_s: floa
 def torch_ratios(runs: list[Run], workload: str) -> dict[str, float]:
     """tierkit / DataLoader per worker count (records: one tierkit config against every count;
     decoded workloads: tierkit with N decode threads against N DataLoader workers)."""
-    peers = sorted({r.loader for r in runs if r.workload == workload and "torch_nw" in r.loader})
+    prefix = PEER_PREFIX.get(workload, "torch_nw")
+    peers = sorted({r.loader for r in runs if r.workload == workload and prefix in r.loader})
     out = {}
     for peer in peers:
         mine = _mine(workload, peer)
@@ -109,7 +113,7 @@ def target_lines(runs: list[Run]) -> list[str]:
         lines.append(f"records_32k vs fio: {fio:.2f}x (>= 0.85x) " + _pass(fio >= TARGET_VS_FIO))
     for workload in HEADLINE_LOADER:
         for peer in sorted({r.loader for r in runs if r.workload == workload}):
-            if "torch_nw" in peer:
+            if PEER_PREFIX.get(workload, "torch_nw") in peer:
                 mine = cpu_of(runs, workload, _mine(workload, peer))
                 theirs = cpu_of(runs, workload, peer)
                 ok = mine <= theirs * TARGET_CPU_FRACTION
@@ -137,7 +141,7 @@ def headline(runs: list[Run], notes: list[str]) -> dict[str, Any]:
             [r.samples_per_s for r in _runs(runs, "records_32k", "tierkit_direct")]
         ),
     }
-    for workload in ("fmnist", "parquet_text", "map_dataset"):
+    for workload in ("fmnist", "parquet_text", "map_dataset", "tar_shards"):
         ratios = torch_ratios(runs, workload)
         if ratios:
             out[f"vs_torch_dataloader_{workload}"] = min(ratios.values())
@@ -145,6 +149,9 @@ def headline(runs: list[Run], notes: list[str]) -> dict[str, Any]:
                 k: round(v, 3) for k, v in ratios.items()
             }
             out[f"cpu_us_per_sample_{workload}_w2"] = cpu_of(runs, workload, "tierkit_w2")
-            out[f"torch_cpu_us_per_sample_{workload}_nw2"] = cpu_of(runs, workload, "torch_nw2")
+            peer = PEER_PREFIX.get(workload, "torch_nw")
+            out[f"{peer.split('_')[0]}_cpu_us_per_sample_{workload}_nw2"] = cpu_of(
+                runs, workload, f"{peer}2"
+            )
     out["notes"] = notes
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}

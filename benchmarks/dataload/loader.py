@@ -14,8 +14,10 @@ reads a globally shuffled epoch (or as much of it as fits the time cap):
 
 * (d) ``map_dataset``: a map-style Dataset over a folder of PNG files (Fashion-MNIST images),
   decoded with Pillow per sample (``_map_dataset.py``).
+* (e) ``tar_shards``: the same images as WebDataset tar shards, ``dataload.TarShards`` vs
+  WebDataset's own loader, same transform (``_tar_shards.py``).
 
-(b), (c) and (d) run each system in its own process at equal worker counts (0, 2, 4), cold
+(b)-(e) run each system in its own process at equal worker counts (0, 2, 4), cold
 cache (``_isolated.py``); ``--in-process`` runs (b) and (c) the old way, both loaders in this
 process (and the HF datasets peer); the smoke plan does that too, and (d) at 2 workers only.
 
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small files, 2 rounds, ~1-2 min")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--parts", default="abcd", help="which workloads: any of a, b, c, d")
+    parser.add_argument("--parts", default=None, help="workloads, any of a-e (default: all)")
     parser.add_argument(
         "--in-process", action="store_true", help="(b), (c): both loaders in this process"
     )
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     notes: list[str] = []
     started = time.time()
     print(f"dataload benchmark: {plan.mode}, {rounds} rounds", flush=True)
+    if args.parts is None:  # the test suite's smoke plan leaves (e) out: ~30 s on the CI VM
+        args.parts = "abcd" if plan.mode == "smoke" else "abcde"
     if "a" in args.parts:
         runs += part_records(args.out, plan, rounds, args.keep_data)
     isolated = not args.in_process and plan.mode != "smoke"
@@ -106,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     if "d" in args.parts:
         workers = (2,) if plan.mode == "smoke" else WORKERS
         runs += run_workload("map_dataset", args.out, plan.mode, rounds, notes, workers)
+    if "e" in args.parts:
+        workers = (2,) if plan.mode == "smoke" else WORKERS
+        runs += run_workload("tar_shards", args.out, plan.mode, rounds, notes, workers)
     print_report(runs, notes, plan.quick, time.time() - started)
     print(json.dumps(headline(runs, notes)))
 

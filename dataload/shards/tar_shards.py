@@ -106,13 +106,15 @@ class TarShards(Dataset):
             raise SourceError(self.root, "no samples: no member names of the form <key>.<ext>")
         self.fields = list(fields)
         self._first = np.concatenate([*firsts, [members]]).astype(np.int64)
-        self._offset = np.concatenate(offsets)
-        self._size = np.concatenate(sizes)
-        self._field = np.concatenate(field_ids)
+        offset, size = np.concatenate(offsets), np.concatenate(sizes)
         self._shard_of = np.concatenate(shard_of)
         last = self._first[1:] - 1
-        self._span_start = self._offset[self._first[:-1]]
-        self._span_size = self._offset[last] + self._size[last] - self._span_start
+        self._span_start = offset[self._first[:-1]]
+        self._span_size = offset[last] + size[last] - self._span_start
+        # per member: (offset within its sample's span, size, field) -- one slice per decode
+        sample_of = np.repeat(np.arange(len(self._shard_of)), np.diff(self._first))
+        relative = offset - self._span_start[sample_of]
+        self._members = np.stack([relative, size, np.concatenate(field_ids)], axis=1)
         encoded = [k.encode("utf-8", "surrogateescape") for k in keys]
         self._keys = b"".join(encoded)
         self._key_ends = np.cumsum([0] + [len(k) for k in encoded], dtype=np.int64)
@@ -139,18 +141,14 @@ class TarShards(Dataset):
     def decode(self, index: int, data: Any) -> Any:
         """Sample ``index`` from the bytes of its range (``data``: as ``locate`` describes)."""
         index = self._check(index)
-        base = int(self._span_start[index])
-        first, end = int(self._first[index]), int(self._first[index + 1])
+        first, end = self._first[index : index + 2].tolist()
         sample: dict[str, Any] = {
             "__key__": self.key(index),
             "__url__": self.shards[self._shard_of[index]],
         }
-        offsets = self._offset[first:end].tolist()
-        sizes = self._size[first:end].tolist()
-        fields = self._field[first:end].tolist()
-        view = memoryview(data)
-        for offset, size, field in zip(offsets, sizes, fields, strict=True):
-            sample[self.fields[field]] = bytes(view[offset - base : offset - base + size])
+        view, fields = memoryview(data), self.fields
+        for at, size, field in self._members[first:end].tolist():
+            sample[fields[field]] = bytes(view[at : at + size])
         return self.transform(sample) if self.transform is not None else sample
 
     def __getitem__(self, index: int) -> Any:
