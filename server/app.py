@@ -4,9 +4,10 @@ its lifespan opens the key store and the catalog, and closes them on shutdown.
     app = create_app(Settings(data_dir="data"))
     uvicorn.run(app)        # or server.run.serve(settings)
 
-Start: the key store (a first start with no admin key creates one and prints it once to stdout,
-``admin key: tk_...``, unless ``$TIERKIT_ADMIN_KEY`` gives it), then the catalog (inside the
-running loop: its I/O engine binds to it), then, with ``settings.sample``, the sample collection.
+Start: the C allocator's big blocks mapped on their own (server.memory), the key store (a first
+start with no admin key creates one and prints it once to stdout, ``admin key: tk_...``, unless
+``$TIERKIT_ADMIN_KEY`` gives it), then the catalog (inside the running loop: its I/O engine binds
+to it), then, with ``settings.sample``, the sample collection.
 Stop: uvicorn first drains in-flight requests (``graceful_timeout_s``); then the catalog is taken
 out of service (requests answer 503), writes still running are awaited (a timed-out request's
 shielded write), and it is closed, which checkpoints every collection.
@@ -35,6 +36,7 @@ from server.envelope import OrjsonResponse, OrjsonRoute
 from server.errors import install_error_handlers
 from server.keys import KeyStore
 from server.limits import BodyLimitMiddleware, TimeoutMiddleware
+from server.memory import settle_allocator
 from server.metrics import Metrics
 from server.observability import ObservabilityMiddleware
 from server.ratelimit import RateLimiter
@@ -98,6 +100,7 @@ def _add_route(app: FastAPI, route: APIRoute) -> None:
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settle_allocator()  # a batch's big scratch arrays: unmapped when freed (server.memory)
         admin_key = os.environ.get("TIERKIT_ADMIN_KEY") or None
         store, created = await asyncio.to_thread(KeyStore.open, settings.data_dir, admin_key)
         if created is not None:

@@ -1,5 +1,6 @@
 """Prometheus metrics: request counts and latencies by route template, method and status, and
-each collection's index counters (``Collection.stats()``), read when scraped.
+each collection's index counters (``Collection.stats()``) and the C allocator's bytes
+(``server.memory``), read when scraped.
 
     metrics = Metrics(catalog_getter=lambda: app.state.catalog)
     metrics.observe("/collections/{name}/points/query", "POST", 200, 0.0031)
@@ -23,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+
+from server.memory import MallocCollector
 
 __all__ = ["Metrics"]
 
@@ -78,6 +81,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_CollectionCollector(catalog_getter))
+        self.registry.register(MallocCollector())
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
         labels = (route, method, str(status))

@@ -53,12 +53,23 @@ def serve_available() -> str | None:
 class Server:
     """One service process; ``pid`` is what the load generator watches."""
 
-    def __init__(self, data_dir: Path, log_level: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_level: str | None = None,
+        command: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        """``command``: what runs instead of ``tierkit serve`` (``--data D --port P`` are
+        appended; memory_probe's instrumented server)."""
         self.data_dir, self.port = data_dir, free_port()
         self.log_path = data_dir.parent / f"{data_dir.name}.server.log"
-        cmd = [sys.executable, "-m", "tierkit", "serve", "--data", str(data_dir)]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
-        extra = {"TIERKIT_ADMIN_KEY": ADMIN_KEY}
+        if command is None:
+            cmd = [sys.executable, "-m", "tierkit", "serve", "--data", str(data_dir)]
+            cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        else:
+            cmd = [*command, "--data", str(data_dir), "--port", str(self.port)]
+        extra = {"TIERKIT_ADMIN_KEY": ADMIN_KEY, **(extra_env or {})}
         if log_level:
             extra["TIERKIT_LOG_LEVEL"] = log_level
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
