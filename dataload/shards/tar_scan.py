@@ -115,8 +115,9 @@ def _check_sum(path: str, header: bytes, offset: int) -> None:
     stored = _number(path, header[148:156], offset)
     blanked = header[:148] + b" " * 8 + header[156:]
     unsigned = sum(blanked)
-    signed = unsigned - 256 * sum(1 for b in blanked if b > 127)
-    if stored not in (unsigned, signed):
+    if stored == unsigned:
+        return
+    if stored != unsigned - 256 * sum(1 for b in blanked if b > 127):  # signed-char writers
         raise SourceFormatError(path, f"corrupt: bad header checksum at byte {offset}")
 
 
