@@ -138,6 +138,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             result = await replay(model, requests, references, kind, work_dir, fraction,
                                   rule or "deviation", quality=number == 0)  # fmt: skip
             rounds[config].append(result)
+            if number == 0:  # a line per configuration as it finishes: a cut run still tells
+                _progress(result)
         print(f"round {number + 1}/{args.rounds} done", file=sys.stderr)
     rows = {config: row(results) for config, results in rounds.items()}
     prefix, chunk = rows[headline[1]], rows[headline[2]]
@@ -196,6 +198,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "quality_requests": chunk["compared"],
         "rounds": args.rounds,
     }
+
+
+def _progress(result: ReplayResult) -> None:
+    quality = (f"top-1 {sum(result.top1) / len(result.top1):.4f}, "
+               f"KL {sum(result.kl) / len(result.kl):.2e}") if result.top1 else ""  # fmt: skip
+    print(f"  {result.name}: {sum(result.tokens_computed):.0f} tokens, TTFT median "
+          f"{sorted(result.ttft_s)[len(result.ttft_s) // 2] * 1e3:.2f} ms, {quality}",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
