@@ -64,7 +64,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--sweep-rounds", type=int, default=1)
     parser.add_argument("--quality-requests", type=int, default=None)
-    parser.add_argument("--fractions", default=None, help="comma-separated recompute fractions")
+    parser.add_argument("--fractions", default=None, help="the headline rule's, comma-separated")
     parser.add_argument("--default-fraction", type=float, default=DEFAULT_FRACTION)
     parser.add_argument("--rule", choices=RULES, default=DEFAULT_RULE, help="the headline's")
     parser.add_argument("--rules", default=None, help="comma-separated, to compare")
@@ -91,7 +91,10 @@ def _configs(args: argparse.Namespace) -> tuple[list[Config], list[Config]]:
     """(the headline's, the sweep's others)."""
     default: Config = ("chunk", args.default_fraction, args.rule)
     headline = [("none", 0.0, ""), ("prefix", 0.0, ""), default]
-    sweep = [("chunk", f, rule) for rule in args.rules for f in args.fractions]
+    # the headline's rule at every fraction; the others at 0 (pure reuse for "chunk-start")
+    # and at the default fraction
+    sweep = [("chunk", f, args.rule) for f in args.fractions]
+    sweep += [("chunk", f, r) for r in args.rules for f in (0.0, args.default_fraction)]
     sweep.append(("chunk", 1.0, args.rule))  # a full prefill inside assemble: the check
     return headline, [c for c in dict.fromkeys(sweep) if c != default]
 
