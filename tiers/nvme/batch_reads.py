@@ -6,12 +6,16 @@ of a batch become one int64 table; record kinds and sizes, staging offsets and t
 are computed by numpy, the rows go to the engine as one IOBatch (one extent file: the engine's
 compiled path), and each record costs one CRC-32 call and, when staged, one copy.
 
-A whole-page (bare) object whose destination is a page-aligned numpy array is read straight into
-it: no staging and no copy. Its bytes are checked there, after the read; a failed check raises
-as before, but the destination then holds the unchecked bytes (a failed get leaves its
-destination's contents unspecified). A header record, and a bare one with another destination
-(unaligned, or overlapping another destination of the batch), is staged in one aligned buffer
-and copied out after its check.
+With ``byte_ranges`` each key may ask for a range: a bare or header record is still read and
+checked whole, a chunked record (tiers.nvme.chunks) only in the window of chunks that covers the
+range, so a layer of a 64 MiB block moves as one request of its own size.
+
+A whole-page (bare) object, or a chunked record's range that is exactly its window, whose
+destination is a page-aligned numpy array is read straight into it: no staging and no copy. Its
+bytes are checked there, after the read; a failed check raises as before, but the destination
+then holds the unchecked bytes (a failed get leaves its destination's contents unspecified). A
+header record, and a bare one with another destination (unaligned, or overlapping another
+destination of the batch), is staged in one aligned buffer and copied out after its check.
 
 Cancellation: while the caller's buffers take part, a cancelled ``read_batch`` waits for the
 engine to finish the batch before the CancelledError goes on (``_to_the_end``), so no
@@ -29,7 +33,9 @@ import asyncio
 import ctypes
 import functools
 import itertools
+import operator
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,9 +46,11 @@ from tiers.io.engine import FileHandle
 from tiers.io.errors import CorruptionError, EngineClosedError, StorageError
 from tiers.nvme.batch_checks import LandedBatch, check_batch
 from tiers.nvme.catalog import CatalogEntry
+from tiers.nvme.chunks import window
 from tiers.nvme.format import HEADER_BYTES, RECORD_ALIGNMENT_BYTES
 from tiers.nvme.records import RecordIO, writable_view
 from tiers.nvme.space import FILE_STRIDE_BYTES, ExtentSpace
+from tiers.storage.tier import ByteRange, resolve_range
 
 __all__ = ["read_batch"]
 
@@ -52,6 +60,7 @@ _MAX_RECORD_BYTES = 1 << 30  # larger records take RecordIO's path (requests of 
 # get_many a quarter of its rate; 16 MiB keeps the loop's pauses under ~1 ms.
 _OFFLOAD_BYTES = 16 << 20
 _PAGE_MASK = RECORD_ALIGNMENT_BYTES - 1
+_BASE = operator.itemgetter(0, 1, 2, 3, 4)  # an entry without its chunk extension
 _NO_STAGE = np.empty(0, np.uint8)  # the staging buffer of a batch read wholly in place
 _address_of = ctypes.addressof
 # a writable array's address in 0.3 us, a third of __array_interface__'s cost
@@ -65,24 +74,34 @@ async def read_batch(
     entries: list[CatalogEntry],
     outs: list[Any] | None,
     bare_from: int,
+    byte_ranges: list[ByteRange | None] | None = None,
 ) -> list[Any] | None:
-    """The objects of ``entries`` (of ``keys``), each in its ``outs`` destination (returned as
-    given) or, without ``outs``, as a view of a fresh buffer; None when a record is too large
-    for this path (the caller takes RecordIO's).
+    """The objects (or ``byte_ranges``) of ``entries`` (of ``keys``), each in its ``outs``
+    destination (returned as given) or, without ``outs``, as a view of a fresh buffer; None
+    when a record is too large for this path (the caller takes RecordIO's).
 
-    Raises: InvalidArgumentError (a bad destination: before any I/O), CorruptionError,
-    StorageError, EngineClosedError; for the first key, in order, that fails.
+    Raises: InvalidArgumentError (a bad range, then a bad destination: before any I/O),
+    CorruptionError, StorageError, EngineClosedError; for the first key, in order, that fails.
     """
     m = len(entries)
     # file, offset, size, crc32, version per row; fromiter: a third of np.array's time
-    table = np.fromiter(itertools.chain.from_iterable(entries), np.int64, 5 * m).reshape(m, 5)
+    table = np.fromiter(
+        itertools.chain.from_iterable(map(_BASE, entries)), np.int64, 5 * m
+    ).reshape(m, 5)
     sizes = table[:, 2]
-    bare = (table[:, 4] >= bare_from) & (sizes > 0) & ((sizes & _PAGE_MASK) == 0)
+    extensions = [entry[5] for entry in entries]
+    chunked = np.fromiter(map(len, extensions), np.int64, m) > 0
+    bare = ~chunked & (table[:, 4] >= bare_from) & (sizes > 0) & ((sizes & _PAGE_MASK) == 0)
     totals = np.where(bare, sizes, (sizes + (HEADER_BYTES + _PAGE_MASK)) & ~_PAGE_MASK)
     if int(totals.max()) > _MAX_RECORD_BYTES:
         return None
+    spans = _Spans.whole(sizes, bare)
+    if byte_ranges is not None or chunked.any():
+        spans = _Spans.plan(sizes, bare, chunked, extensions, byte_ranges, totals)
     # where each row's bytes go: its destination (read in place) or, for now 0, staged
-    addresses = np.zeros(m, np.int64) if outs is None else _destinations(outs, sizes, bare)
+    addresses = np.zeros(m, np.int64)
+    if outs is not None:
+        addresses = _destinations(outs, spans.range_bytes, spans.in_place)
     direct = addresses != 0
     staged_totals = np.where(direct, 0, totals)
     starts = np.cumsum(staged_totals) - staged_totals
@@ -102,7 +121,7 @@ async def read_batch(
         files,
         addresses.astype(np.uint64),
         totals,
-        np.ascontiguousarray(table[:, 1]),
+        np.ascontiguousarray(table[:, 1] + spans.window_starts),
         [stage, outs],
         READ,
         file,
@@ -117,8 +136,10 @@ async def read_batch(
             space.unpin_batch(pinned)
         records.bytes_read += int(batch.results.sum())
         landed = LandedBatch(
-            keys, table, bare, totals, starts, addresses, direct, batch.results, files, stage, outs
-        )
+            keys, table, bare, totals, starts, addresses, direct, batch.results, files, stage, outs,
+            chunked, extensions, spans.first_chunks, spans.window_starts, spans.range_offsets,
+            spans.range_bytes,
+        )  # fmt: skip
         check = functools.partial(check_batch, landed)
         if int(totals.sum()) >= _OFFLOAD_BYTES:
             results = await records.run_cpu(check)
@@ -134,16 +155,61 @@ async def read_batch(
             records.buffers.give(stage)
 
 
-def _destinations(outs: list[Any], sizes: np.ndarray, bare: np.ndarray) -> np.ndarray:
-    """Check each destination, raising for the first bad one (before any I/O); returns per row
-    the address of a page-aligned numpy destination that takes a bare record's read itself,
-    else 0 (staged)."""
+@dataclass(frozen=True, slots=True)
+class _Spans:
+    """Per row: the asked range (``range_offsets``, ``range_bytes``), the window read
+    (``window_starts`` in the record, the lengths are ``totals``), a chunked record's first
+    chunk read, and whether the read may land in the destination itself (``in_place``)."""
+
+    range_offsets: np.ndarray
+    range_bytes: np.ndarray
+    window_starts: np.ndarray
+    first_chunks: np.ndarray
+    in_place: np.ndarray
+
+    @classmethod
+    def whole(cls, sizes: np.ndarray, bare: np.ndarray) -> _Spans:
+        zeros = np.zeros(len(sizes), np.int64)
+        return cls(zeros, sizes, zeros, zeros, bare)
+
+    @classmethod
+    def plan(
+        cls,
+        sizes: np.ndarray,
+        bare: np.ndarray,
+        chunked: np.ndarray,
+        extensions: list[bytes],
+        byte_ranges: list[ByteRange | None] | None,
+        totals: np.ndarray,
+    ) -> _Spans:
+        """Resolve the ranges (raising for the first bad one) and each chunked row's window;
+        sets a chunked row's ``totals`` to its window's length."""
+        m = len(sizes)
+        offsets, lengths = np.zeros(m, np.int64), sizes.copy()
+        if byte_ranges is not None:
+            for i, (size, span) in enumerate(zip(sizes.tolist(), byte_ranges, strict=True)):
+                if span is not None:
+                    offsets[i], lengths[i] = resolve_range(size, span)
+        starts, firsts = np.zeros(m, np.int64), np.zeros(m, np.int64)
+        for i in np.flatnonzero(chunked).tolist():
+            size, log2 = int(sizes[i]), extensions[i][2]
+            firsts[i], starts[i], totals[i] = window(size, log2, int(offsets[i]), int(lengths[i]))
+        # in place: the read is exactly the asked bytes (a whole bare record, an exact window)
+        exact = (offsets == starts) & (lengths == totals)
+        in_place = (bare & (lengths == sizes)) | (chunked & exact)
+        return cls(offsets, lengths, starts, firsts, in_place)
+
+
+def _destinations(outs: list[Any], sizes: np.ndarray, in_place: np.ndarray) -> np.ndarray:
+    """Check each destination (room for its row's ``sizes`` bytes), raising for the first bad
+    one (before any I/O); returns per row the address of a page-aligned numpy destination
+    that takes its row's read itself (``in_place`` rows only), else 0 (staged)."""
     sizes_l = sizes.tolist()
     found = [0] * len(outs)
-    for i, (out, is_bare) in enumerate(zip(outs, bare.tolist(), strict=True)):
+    for i, (out, whole) in enumerate(zip(outs, in_place.tolist(), strict=True)):
         if out is None:
             continue  # a view of the staging buffer
-        if is_bare and type(out) is np.ndarray and out.nbytes >= sizes_l[i]:
+        if whole and type(out) is np.ndarray and out.nbytes >= sizes_l[i]:
             try:
                 found[i] = _address_of(_char_over(out))  # raises unless writable, contiguous
             except (TypeError, ValueError):

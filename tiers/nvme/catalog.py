@@ -7,26 +7,32 @@ as a little-endian u32, so a flipped byte in a key or a value fails the check of
 damaged key cannot pass for another key, nor vanish unnoticed)::
 
     b"objects"  key: the object key, UTF-8 (1..511 bytes, LMDB's key limit)
-                value: 36 bytes, little-endian struct "<IQQIQI":
+                value: 36 bytes, little-endian struct "<IQQIQI" (a base entry and its seal):
                   file_index u32    extent file "extents-<file_index:05d>.dat"
                   offset_bytes u64  where the record starts in that file (4 KiB aligned)
                   size_bytes u64    payload size
-                  crc32 u32         zlib.crc32 of the payload (also in the record header)
+                  crc32 u32         zlib.crc32 of the payload (also in the record header);
+                                    of a chunked record, that of its chunk CRC table
                   version u64       the put's version (also in the record header)
-                  seal u32          zlib.crc32 of the key and the 32 bytes above
+                  seal u32          zlib.crc32 of the key and the value bytes before it
+                or, for a chunked record, 36 + 4 + 4 k bytes: the 32 base bytes, the chunk
+                extension (tiers.nvme.format: u16 format 1, u8 chunk_log2, u8 0, k CRC-32s
+                of the payload's chunks), then the seal
     b"meta"     b"format_version" -> u32 2, sealed (8 bytes, this framing in every format > 1)
                 b"next_version"   -> u64, sealed: above every version ever committed
                 b"entry_count"    -> u64, sealed: how many records b"objects" holds
 
 Opening first walks ``data.mdb`` with py-lmdb's pure-Python verifier (``lmdb.verify``, in
 tiers.storage's open_lmdb): LMDB 0.9 checksums nothing and trusts its page headers, so damage
-there could make it read outside the file and kill the process (SIGBUS). Then every record of both
-databases is checked (the catalog loads them all anyway) and the objects are counted against
-``entry_count``, so a record LMDB no longer reaches is caught too. A failed check, or LMDB
-reporting a damaged page, raises CorruptionError naming ``data.mdb``; nothing is served from a
-damaged catalog. Out of reach: damage that makes LMDB pick its older meta page, which silently
-rolls the catalog back one commit. Format 1 (32-byte unsealed entries, a bare u32 stamp, no
-count) is upgraded in place by the first open, in the transaction that reads it.
+there could make it read outside the file and kill the process (SIGBUS). Then every record of
+both databases is checked (the catalog loads them all anyway) and the objects are counted
+against ``entry_count``, so a record LMDB no longer reaches is caught too. A failed check, or
+LMDB reporting a damaged page, raises CorruptionError naming ``data.mdb``; nothing is served
+from a damaged catalog. Out of reach: damage that makes LMDB pick its older meta page, which
+silently rolls the catalog back one commit. A chunk extension is checked too (format, chunk
+size, table length against the size, the table's CRC against the ``crc32`` field). Format 1
+(32-byte unsealed entries, a bare u32 stamp, no count) is upgraded in place by the first open,
+in the transaction that reads it.
 
 Writes are group-committed (tiers.storage.LmdbWriter): :meth:`Catalog.apply` calls that arrive
 while a commit is running go together into the next transaction, so N concurrent puts cost one
@@ -48,6 +54,7 @@ import struct
 from typing import Any, NamedTuple
 
 from tiers.io.errors import CorruptionError, EngineClosedError
+from tiers.nvme.chunks import extension_problem
 from tiers.storage.lmdb_env import LmdbWriter, lmdb_errors, open_lmdb, write_growing
 from tiers.storage.lmdb_records import seal, unseal
 
@@ -69,18 +76,25 @@ _ENV_OPTIONS: dict[str, Any] = {
 
 
 class CatalogEntry(NamedTuple):
+    """Where a record lies and what it holds; ``chunks``: a chunked record's chunk extension
+    (tiers.nvme.chunks), empty for a bare or header record."""
+
     file_index: int
     offset_bytes: int
     size_bytes: int
     crc32: int
     version: int
+    chunks: bytes = b""
 
     def pack(self) -> bytes:
-        return _ENTRY.pack(*self)
+        return _ENTRY.pack(*self[:5]) + self.chunks
 
     @classmethod
     def unpack(cls, raw: bytes) -> CatalogEntry:
-        return cls(*_ENTRY.unpack(raw))
+        if len(raw) == _ENTRY.size:
+            return cls(*_ENTRY.unpack(raw))
+        file_index, offset_bytes, size_bytes, crc32, version = _ENTRY.unpack_from(raw)
+        return cls(file_index, offset_bytes, size_bytes, crc32, version, raw[_ENTRY.size :])
 
 
 _Change = tuple[str, CatalogEntry | None]
@@ -221,10 +235,15 @@ class Catalog:
         for raw_key, value in txn.cursor(db=self._objects):
             key = bytes(raw_key)
             body = unseal(key, bytes(value), self.data_path)
-            if len(body) != _ENTRY.size:
+            if len(body) < _ENTRY.size:
                 raise self._corrupt(f"catalog entry {key[:64]!r} of {len(body)} bytes")
+            entry = CatalogEntry.unpack(body)
+            if entry.chunks:
+                problem = extension_problem(entry.chunks, entry.size_bytes, entry.crc32)
+                if problem is not None:
+                    raise self._corrupt(f"catalog entry {key[:64]!r}: {problem}")
             try:
-                entries[key.decode()] = CatalogEntry.unpack(body)
+                entries[key.decode()] = entry
             except UnicodeDecodeError:  # sealed so: written by something else than a Catalog
                 raise self._corrupt(f"catalog key {key[:64]!r} is not UTF-8") from None
         if len(entries) != count:  # LMDB lost a record, or holds one it was never given

@@ -2,8 +2,9 @@
 
 An NvmeTier object lives in one record that starts on a 4 KiB boundary and whose length is a
 multiple of ``RECORD_ALIGNMENT_BYTES`` (4 KiB), so every record moves with O_DIRECT. There are
-two kinds; which one an object has follows from its catalog entry and the tier's format marker
-(below), never from the bytes on disk. All integers are little-endian.
+three kinds; which one an object has follows from its catalog entry and the tier's format marker
+(below), never from the bytes on disk: an entry with a chunk extension is a chunked record;
+otherwise the marker decides between bare and header. All integers are little-endian.
 
 **Header record** (every object of a format-1 tier; in format 2, objects whose size is not a
 positive multiple of 4 KiB, whose padding has room for a header anyway): a 64-byte header, the
@@ -33,6 +34,29 @@ is what the key hash checks), so the entry is its header. Writer: :func:`write_b
 payload, returns its CRC-32 for the entry); reader: :func:`check_bare` (length and CRC-32 against
 the entry).
 
+**Chunked record** (every put of n >= ``CHUNKED_FROM_BYTES`` = 1 MiB since the chunk
+extension; any tier format): the n payload bytes from the record's first byte, then zero padding
+up to the next 4 KiB boundary (0 <= p < 4096); no header. Its catalog entry carries a *chunk
+extension*, so a byte range is read and checked alone (tiers.nvme.chunks). With C =
+2**chunk_log2, chunk i is payload bytes [i x C, min((i + 1) x C, n)), i < ceil(n / C); C is
+``2**CHUNK_LOG2`` = 256 KiB, or the smallest power of two that keeps ceil(n / C) <=
+``MAX_CHUNKS`` = 1024. A range [a, a + m) is served by reading record bytes [floor(a / C) x C,
+min((floor((a + m - 1) / C) + 1) x C, n + p)) (page-aligned: C is a multiple of 4 KiB) and
+checking the CRC-32 of each of those chunks; an empty range reads the chunk at a.
+
+**Chunk extension** (the catalog value's bytes after the 32-byte base entry, tiers.nvme.catalog;
+a base entry alone, 32 bytes, is a bare or header record as before)::
+
+    offset  size  field
+         0     2  extension_format      u16, 1
+         2     1  chunk_log2            u8, 18..30
+         3     1  reserved              0
+         4   4 k  chunk_crc32[k]        u32 each, zlib.crc32 of chunk i, k = ceil(n / C)
+
+and the base entry's ``crc32`` field holds zlib.crc32 of the k x 4 table bytes (a chunked record
+has no whole-payload CRC: a whole get checks all k chunks). A reader that predates the extension
+refuses such an entry (a catalog value of the wrong length: CorruptionError), never misreads it.
+
 **Tier format marker**: ``<tier dir>/FORMAT``, 32 bytes, written once (to a temporary file,
 fsynced, renamed, directory fsynced) when a tier is created or a format-1 tier is first opened
 by a format-2 writer, before any put::
@@ -42,13 +66,14 @@ by a format-2 writer, before any put::
          4     4  tier_format           u32, 2
          8     8  bare_from_version     u64: an entry of version >= this whose size is a
                                         positive multiple of 4 KiB is a bare record; every other
-                                        entry is a header record
+                                        entry is a header record (but chunked ones)
         16    12  reserved              zeros
         28     4  marker_crc32          u32, zlib.crc32 of bytes [0, 28)
 
 A directory without the file is format 1; the first open writes the marker with
 ``bare_from_version`` = the catalog's next version, so every record written before stays a
 header record and is read as one. A damaged marker is a CorruptionError, never a guess.
+Writer: ``tiers.nvme.marker.pack_marker``; reader: ``tiers.nvme.marker.parse_marker``.
 
 Checksum choice: CRC-32 (zlib's IEEE polynomial) runs at C speed, releases the GIL on large
 buffers, and catches every burst error up to 32 bits and all but 2^-32 of random damage. It
@@ -59,13 +84,14 @@ The readers trust nothing on disk. A header record: magic, header checksum, form
 then key hash, size, version and payload checksum must all equal what the catalog recorded for
 this key (a stale record of the same key, or another key's record left in a reused extent, is
 refused even though its own checksums hold). A bare record: its CRC-32 must equal the entry's; a
-stale or foreign record in the extent passes only if it holds exactly the entry's bytes (up to
-CRC-32's 2^-32), which are then the right bytes. Padding is not checked.
+chunked record: the CRC-32 of each chunk read must equal the entry's; a stale or foreign record
+in the extent passes only if it holds exactly the entry's bytes (up to CRC-32's 2^-32), which
+are then the right bytes. Padding is not checked.
 
 Concurrency: pure functions over caller-owned buffers; safe from any thread.
 Invariants: a record either writer produced passes its reader with the same expectations; any
 change to bytes [0, 64 + n) of a header record or [0, n) of a bare one makes the reader raise
-CorruptionError.
+CorruptionError; so does any change to a chunk of a chunked record that a read's window holds.
 """
 
 from __future__ import annotations
@@ -81,20 +107,21 @@ from tiers.io.errors import CorruptionError, InvalidArgumentError
 from tiers.nvme.checksums import payload_crc32
 
 __all__ = [
+    "CHUNKED_FROM_BYTES",
+    "CHUNK_EXTENSION_FORMAT",
+    "CHUNK_LOG2",
     "FORMAT_VERSION",
     "HEADER_BYTES",
     "MAGIC",
-    "MARKER_BYTES",
+    "MAX_CHUNKS",
+    "MAX_CHUNK_LOG2",
     "RECORD_ALIGNMENT_BYTES",
-    "TIER_FORMAT",
     "RecordHeader",
     "check_bare",
     "check_payload",
     "is_bare",
     "key_hash",
-    "pack_marker",
     "parse_header",
-    "parse_marker",
     "payload_crc32",
     "record_bytes",
     "stored_bytes",
@@ -109,11 +136,11 @@ RECORD_ALIGNMENT_BYTES = 4096
 _HEADER = struct.Struct("<4sHHQQQI24x")  # bytes [0, 60); the header CRC follows at 60
 _CRC = struct.Struct("<I")
 assert _HEADER.size == 60 and _HEADER.size + _CRC.size == HEADER_BYTES
-TIER_FORMAT = 2
-MARKER_MAGIC = b"TKNF"
-MARKER_BYTES = 32
-_MARKER = struct.Struct("<4sIQ12x")  # bytes [0, 28); the marker CRC follows at 28
-assert _MARKER.size + _CRC.size == MARKER_BYTES
+CHUNKED_FROM_BYTES = 1 << 20  # puts of this size and more are chunked records
+CHUNK_EXTENSION_FORMAT = 1
+CHUNK_LOG2 = 18  # 256 KiB chunks (tiers.nvme.chunks says why)
+MAX_CHUNK_LOG2 = 30
+MAX_CHUNKS = 1024  # larger records get larger chunks: an entry stays under 4.2 KiB
 
 
 class RecordHeader(NamedTuple):
@@ -135,17 +162,21 @@ def is_bare(payload_size_bytes: int) -> bool:
     return payload_size_bytes > 0 and payload_size_bytes % RECORD_ALIGNMENT_BYTES == 0
 
 
-def record_bytes(payload_size_bytes: int, bare: bool = False) -> int:
+def record_bytes(payload_size_bytes: int, bare: bool = False, chunked: bool = False) -> int:
     """Bytes a record of ``payload_size_bytes`` takes on disk: a header record (header +
-    payload + padding), or with ``bare`` the payload alone."""
+    payload + padding), with ``bare`` the payload alone, with ``chunked`` payload + padding."""
     if bare:
         return payload_size_bytes
     mask = RECORD_ALIGNMENT_BYTES - 1
+    if chunked:
+        return (payload_size_bytes + mask) & ~mask
     return (HEADER_BYTES + payload_size_bytes + mask) & ~mask
 
 
 def stored_bytes(payload_size_bytes: int) -> int:
-    """Bytes a put of ``payload_size_bytes`` takes on disk in a format-2 tier."""
+    """Bytes a put of ``payload_size_bytes`` takes on disk (this writer, any tier format)."""
+    if payload_size_bytes >= CHUNKED_FROM_BYTES:
+        return record_bytes(payload_size_bytes, chunked=True)
     return record_bytes(payload_size_bytes, is_bare(payload_size_bytes))
 
 
@@ -176,25 +207,6 @@ def check_bare(
     if payload_crc32(payload) != expect_crc32:
         raise CorruptionError("payload checksum mismatch (bare record)", path, offset_bytes)
     return payload
-
-
-def pack_marker(bare_from_version: int) -> bytes:
-    """The 32 bytes of a tier format marker."""
-    body = _MARKER.pack(MARKER_MAGIC, TIER_FORMAT, bare_from_version)
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def parse_marker(raw: bytes, path: str) -> int:
-    """``bare_from_version`` of a marker. Raises CorruptionError naming ``path``."""
-    if len(raw) != MARKER_BYTES:
-        raise CorruptionError(f"tier format marker of {len(raw)} bytes", path)
-    magic, tier_format, bare_from = _MARKER.unpack_from(raw)
-    (stored_crc,) = _CRC.unpack_from(raw, _MARKER.size)
-    if magic != MARKER_MAGIC or zlib.crc32(raw[: _MARKER.size]) != stored_crc:
-        raise CorruptionError("tier format marker damaged", path)
-    if tier_format != TIER_FORMAT:
-        raise CorruptionError(f"unknown tier format {tier_format}", path)
-    return int(bare_from)
 
 
 def write_record(record: np.ndarray, payload: np.ndarray, version: int, key_hash_: int) -> int:

@@ -14,15 +14,41 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
+import zlib
 
 from tiers.io.env import Env
-from tiers.io.errors import map_os_errors
-from tiers.nvme.format import MARKER_BYTES, pack_marker, parse_marker
+from tiers.io.errors import CorruptionError, map_os_errors
 from tiers.storage.directory import fsync_directory
 
-__all__ = ["MARKER_NAME", "load_marker"]
+__all__ = ["MARKER_BYTES", "MARKER_NAME", "load_marker", "pack_marker", "parse_marker"]
 
 MARKER_NAME = "FORMAT"
+TIER_FORMAT = 2
+MARKER_MAGIC = b"TKNF"
+MARKER_BYTES = 32
+_MARKER = struct.Struct("<4sIQ12x")  # bytes [0, 28); the marker CRC follows at 28
+_CRC = struct.Struct("<I")
+assert _MARKER.size + _CRC.size == MARKER_BYTES
+
+
+def pack_marker(bare_from_version: int) -> bytes:
+    """The 32 bytes of a tier format marker."""
+    body = _MARKER.pack(MARKER_MAGIC, TIER_FORMAT, bare_from_version)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def parse_marker(raw: bytes, path: str) -> int:
+    """``bare_from_version`` of a marker. Raises CorruptionError naming ``path``."""
+    if len(raw) != MARKER_BYTES:
+        raise CorruptionError(f"tier format marker of {len(raw)} bytes", path)
+    magic, tier_format, bare_from = _MARKER.unpack_from(raw)
+    (stored_crc,) = _CRC.unpack_from(raw, _MARKER.size)
+    if magic != MARKER_MAGIC or zlib.crc32(raw[: _MARKER.size]) != stored_crc:
+        raise CorruptionError("tier format marker damaged", path)
+    if tier_format != TIER_FORMAT:
+        raise CorruptionError(f"unknown tier format {tier_format}", path)
+    return int(bare_from)
 
 
 def load_marker(env: Env, directory: str, next_version: int) -> int:

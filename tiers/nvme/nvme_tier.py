@@ -4,12 +4,14 @@ Layout of ``directory``::
 
     LOCK                  flock()ed by the one process that has the tier open
     FORMAT                the tier format marker (tiers.nvme.format, tiers.nvme.marker)
-    catalog/              LMDB: key -> (file, offset, size, crc32, version)  (tiers.nvme.catalog)
+    catalog/              LMDB: key -> (file, offset, size, crc32, version[, chunk CRCs])
     extents-00000.dat ... extent files of records, grown as they fill       (tiers.nvme.space)
 
-A record (tiers.nvme.format) is a whole number of 4 KiB pages: an object of whole pages is
-stored bare (its identity and CRC-32 only in the catalog entry, so 4 KiB takes 4 KiB), any other
-as a 64-byte header, the payload and padding. Every byte moves through the I/O engine with
+A record (tiers.nvme.format) is a whole number of 4 KiB pages: an object of 1 MiB or more is
+stored chunked (payload and padding; a CRC-32 per 256 KiB chunk in its catalog entry, so a byte
+range is read and checked alone: tiers.nvme.chunks), a smaller one of whole pages bare (its
+identity and CRC-32 only in the catalog entry, so 4 KiB takes 4 KiB), any other as a 64-byte
+header, the payload and padding. Every byte moves through the I/O engine with
 O_DIRECT (unless ``direct=False``), staged in the runtime's shared aligned buffers. Opening takes
 no disk space: extent files are fallocated in steps as records need room (ExtentSpace), so a
 tier's capacity may exceed the free space of its filesystem, and its files may grow past
@@ -21,18 +23,18 @@ caller's loop, leased at ``start`` and released at ``aclose``; staging buffers f
 ``runtime.buffers``; blocking calls (directory fsyncs, the marker) on ``runtime.run_blocking``;
 checksums and copies of large payloads on ``runtime.run_cpu``.
 
-Crash consistency, by the order of a put (tiers.nvme.writes): allocate a free extent -> write the
-record -> fdatasync the extent file (shared by concurrent puts: GroupSync) -> commit the catalog
-entry (an fsynced LMDB transaction, group-committed) -> only then free the key's previous
-extent. A put is acknowledged after the commit. A crash before the commit leaves the old entry,
-pointing at the old record, untouched; after it, the new record is already durable. A delete
-commits the removal, then frees. So the catalog only ever names durable records, and a reopened
-tier finds every acknowledged object. A get re-checks the record against its catalog entry
-(size, version, CRC-32 of the payload; key hash and header CRC for a header record) and raises
-CorruptionError rather than return a wrong byte (a byte-range get too: the checksum covers the
-whole payload). Reads (tiers.nvme.reads): ``get_many`` reads all its records in one engine
-submission, and concurrent single gets are gathered into one; ``put_many`` writes in one
-submission and shares one durability point.
+Crash consistency, by the order of a put (tiers.nvme.writes): allocate a free extent -> write
+the record -> fdatasync the extent file (shared by concurrent puts: GroupSync) -> commit the
+catalog entry (an fsynced LMDB transaction, group-committed) -> only then free the key's
+previous extent. A put is acknowledged after the commit. A crash before the commit leaves the
+old entry, pointing at the old record, untouched; after it, the new record is already durable. A
+delete commits the removal, then frees. So the catalog only ever names durable records, and a
+reopened tier finds every acknowledged object. A get re-checks the record against its catalog
+entry (size, version, CRC-32 of the payload; key hash and header CRC for a header record) and
+raises CorruptionError rather than return a wrong byte (a byte-range get reads and checks the
+chunks that cover it, of a record that has none the whole payload). Reads (tiers.nvme.reads):
+``get_many`` reads all its records in one engine submission, and concurrent single gets are
+gathered into one; ``put_many`` writes in one submission and shares one durability point.
 
 Concurrency: one asyncio loop. Puts and deletes of one key are serialised by a per-key lock;
 everything else interleaves; a get returns the old or the new object, whole (see reads). Puts

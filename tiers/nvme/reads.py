@@ -34,6 +34,7 @@ from typing import Any, cast
 from tiers.io.errors import CorruptionError, EngineClosedError, InvalidArgumentError
 from tiers.nvme.batch_reads import read_batch
 from tiers.nvme.catalog import Catalog, CatalogEntry
+from tiers.nvme.chunks import window
 from tiers.nvme.format import is_bare, key_hash
 from tiers.nvme.records import RecordIO, RecordRead, writable_view
 from tiers.nvme.space import ExtentSpace
@@ -79,9 +80,17 @@ class NvmeReads:
         self._gathered.append((key, into, byte_range, future))
         return await future
 
-    async def get_many(self, keys: Iterable[str], into: list[Any] | None = None) -> list[Any]:
+    async def get_many(
+        self,
+        keys: Iterable[str],
+        into: list[Any] | None = None,
+        *,
+        byte_ranges: list[ByteRange | None] | None = None,
+    ) -> list[Any]:
         """The objects of ``keys``, aligned with them (None where absent), read in one engine
-        submission; ``into``: one destination per key (or None), as ``get``'s.
+        submission; ``into``: one destination per key (or None), as ``get``'s;
+        ``byte_ranges``: one (offset, size) per key (or None: the whole object), as ``get``'s
+        ``byte_range`` (of a chunked record only the chunks that cover it are read).
 
         Raises: as ``get``, for the first key that fails (nothing is returned then).
         """
@@ -92,6 +101,8 @@ class NvmeReads:
         n = len(keys)
         if into is not None and len(into) != n:
             raise InvalidArgumentError(f"{len(into)} destinations for {n} keys")
+        if byte_ranges is not None and len(byte_ranges) != n:
+            raise InvalidArgumentError(f"{len(byte_ranges)} byte ranges for {n} keys")
         find = self._open_catalog().entries.get
         found = [find(key) for key in keys]
         slots = [i for i, entry in enumerate(found) if entry is not None]
@@ -101,36 +112,42 @@ class NvmeReads:
         if not slots:
             return results
         if self._damaged and any(keys[i] in self._damaged for i in slots):
-            return await self._get_many_planned(keys, into)  # its errors, in key order
+            return await self._get_many_planned(keys, into, byte_ranges)  # errors in key order
         entries = cast(list[CatalogEntry], found)
         if len(slots) < n:
             keys = [keys[i] for i in slots]
             entries = [entries[i] for i in slots]
             into = None if into is None else [into[i] for i in slots]
+            byte_ranges = None if byte_ranges is None else [byte_ranges[i] for i in slots]
         space, records = self._space, self._records
         assert space is not None and records is not None
         try:
             with self._ops.track():
-                got = await read_batch(records, space, keys, entries, into, self._bare_from)
+                got = await read_batch(
+                    records, space, keys, entries, into, self._bare_from, byte_ranges
+                )
         except CorruptionError:
             self.counters["corruptions"] += 1
             raise
         if got is None:  # a record above 1 GiB: RecordIO's path (which counts the hits)
-            got = await self._get_many_planned(keys, into)
+            got = await self._get_many_planned(keys, into, byte_ranges)
         else:
             self.counters["hits"] += len(slots)
         for slot, value in zip(slots, got, strict=True):
             results[slot] = value
         return results
 
-    async def _get_many_planned(self, keys: list[str], into: list[Any] | None) -> list[Any]:
+    async def _get_many_planned(
+        self, keys: list[str], into: list[Any] | None, byte_ranges: list[ByteRange | None] | None
+    ) -> list[Any]:
         """get_many through a RecordRead per key (damaged entries, records above 1 GiB)."""
         outs = into if into is not None else [None] * len(keys)
+        spans = byte_ranges if byte_ranges is not None else [None] * len(keys)
         results: list[Any] = [None] * len(keys)
         reads: list[RecordRead] = []
         slots: list[int] = []
         for slot, key in enumerate(keys):
-            read = self._plan(key, outs[slot], None)
+            read = self._plan(key, outs[slot], spans[slot])
             if read is not None:
                 reads.append(read)
                 slots.append(slot)
@@ -212,11 +229,16 @@ class NvmeReads:
                 self._file_path(entry.file_index),
                 entry.offset_bytes,
             )
-        bare = entry.version >= self._bare_from and is_bare(entry.size_bytes)
         space = self._space
         file = None if space is None else space.files.get(entry.file_index)
         if file is None:
             raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
+        if entry.chunks:  # only the chunks that cover the range
+            first, start, length = window(entry.size_bytes, entry.chunks[2], offset, size)
+            return RecordRead(
+                file, entry.offset_bytes, entry, 0, False, offset, size, out, start, length, first
+            )
+        bare = entry.version >= self._bare_from and is_bare(entry.size_bytes)
         khash = 0 if bare else key_hash(key)  # a bare record's check needs no key hash
         return RecordRead(file, entry.offset_bytes, entry, khash, bare, offset, size, out)
 

@@ -4,18 +4,19 @@ A write stages the payload as a record (header record, or bare for whole pages) 
 buffer from the runtime's shared cache (O_DIRECT needs aligned memory, offsets and lengths,
 which a caller's buffer seldom is) and writes it in one request; it does not sync: the caller
 makes it durable through a GroupSync, so concurrent puts share one fdatasync. ``write_many``
-stages every record of a put_many in one buffer and writes them in one engine submission.
-A read moves whole records into one staging buffer in one submission (``read_many``: any
-number of records, in any files), checks each against its catalog entry, and copies the asked
-range into the destination. Records above 1 GiB move as 1 GiB requests of the same submission
+stages every record of a put_many in one buffer and writes them in one engine submission. A read
+moves whole records into one staging buffer in one submission (``read_many``: any number of
+records, in any files), checks each against its catalog entry, and copies the asked range into
+the destination; of a chunked record it moves and checks only the window of chunks that covers
+the range (tiers.nvme.chunks). Records above 1 GiB move as 1 GiB requests of the same submission
 (the kernel moves at most ~2 GiB per call). Copies and checksums of 1 MiB and more run on the
 runtime's CPU executor (numpy and zlib release the GIL) so the loop keeps serving others.
 
 Concurrency: loop thread only. Each call holds its own staging buffer. A read cancelled while
 its I/O is in flight drops its buffer instead of recycling it: the engine may still be filling
 it. Invariants: no byte reaches the caller before its record passed every check of
-``format.check_payload`` / ``format.check_bare``; a staging buffer is in the cache or held by
-one call, not both.
+``format.check_payload`` / ``format.check_bare`` / ``chunks.check_window``; a staging buffer is
+in the cache or held by one call, not both.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tiers.io.buffers import aligned_empty, as_buffer
 from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import CorruptionError, InvalidArgumentError, StorageError
 from tiers.nvme.catalog import CatalogEntry
+from tiers.nvme.chunks import check_window, pack_chunks, sum_chunks, table_crc
 from tiers.nvme.format import check_bare, check_payload, record_bytes, write_bare, write_record
 
 __all__ = ["RecordIO", "RecordRead", "RecordWrite", "writable_view"]
@@ -54,6 +56,11 @@ class RecordRead:
     range_offset: int
     range_bytes: int
     out: np.ndarray | None  # None: a new array (a view of the staging buffer)
+    # a chunked record's window: record bytes [window_offset, + window_bytes), from chunk
+    # first_chunk (tiers.nvme.chunks.window); window_bytes 0: not chunked, the whole record
+    window_offset: int = 0
+    window_bytes: int = 0
+    first_chunk: int = 0
 
 
 @dataclass(slots=True)
@@ -64,6 +71,7 @@ class RecordWrite:
     version: int
     key_hash: int
     bare: bool
+    chunk_log2: int = 0  # > 0: a chunked record of chunks of 2**chunk_log2 bytes
 
 
 class RecordIO:
@@ -76,12 +84,13 @@ class RecordIO:
         self.bytes_read = 0
         self.bytes_written = 0
 
-    async def write_many(self, writes: list[RecordWrite]) -> list[int]:
-        """Write every record in one submission (not synced); returns the payload CRCs.
+    async def write_many(self, writes: list[RecordWrite]) -> list[tuple[int, bytes]]:
+        """Write every record in one submission (not synced); returns for each the ``crc32``
+        and ``chunks`` of its catalog entry.
 
         Must not be cancelled (callers shield it): the buffer goes back to the cache at the end.
         """
-        totals = [record_bytes(w.payload.nbytes, w.bare) for w in writes]
+        totals = [record_bytes(w.payload.nbytes, w.bare, w.chunk_log2 > 0) for w in writes]
         starts = np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64).tolist()
         buffer = self.buffers.take(max(1, sum(totals)))
         try:
@@ -106,14 +115,17 @@ class RecordIO:
         Raises: CorruptionError (truncated, or not the record its entry describes),
         StorageError (the device failed a read); nothing is returned then.
         """
-        totals = [record_bytes(r.entry.size_bytes, r.bare) for r in reads]
+        totals = [r.window_bytes or record_bytes(r.entry.size_bytes, r.bare) for r in reads]
         starts = np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64).tolist()
         total = sum(totals)
         in_place = any(r.out is None for r in reads)
         buffer = aligned_empty(max(total, 1)) if in_place else self.buffers.take(total)
         recycle = False
         try:
-            rows = [(r.file, r.offset, s, t) for r, s, t in zip(reads, starts, totals, strict=True)]
+            rows = [
+                (r.file, r.offset + r.window_offset, s, t)
+                for r, s, t in zip(reads, starts, totals, strict=True)
+            ]
             got = await self._transfer(READ, buffer, rows)
             self.bytes_read += int(got.sum())
             args = (buffer, reads, starts, totals, got)
@@ -167,15 +179,22 @@ class RecordIO:
 
 def _stage_all(
     buffer: np.ndarray, writes: list[RecordWrite], starts: list[int], totals: list[int]
-) -> list[int]:
-    crcs = []
+) -> list[tuple[int, bytes]]:
+    sums: list[tuple[int, bytes]] = []
     for w, start, total in zip(writes, starts, totals, strict=True):
         record = buffer[start : start + total]
-        if w.bare:
-            crcs.append(write_bare(record, w.payload))
+        if w.chunk_log2:
+            size = w.payload.nbytes
+            body = record[:size]
+            body[:] = w.payload
+            record[size:] = 0  # padding: deterministic bytes, no stale data leak
+            chunks = pack_chunks(w.chunk_log2, sum_chunks(body, w.chunk_log2))  # of the copy
+            sums.append((table_crc(chunks), chunks))
+        elif w.bare:
+            sums.append((write_bare(record, w.payload), b""))
         else:
-            crcs.append(write_record(record, w.payload, w.version, w.key_hash))
-    return crcs
+            sums.append((write_record(record, w.payload, w.version, w.key_hash), b""))
+    return sums
 
 
 def _check_all(
@@ -194,6 +213,16 @@ def _check_all(
             )
         record = buffer[start : start + total]
         entry = r.entry
+        if r.window_bytes:
+            check_window(record, entry.size_bytes, entry.chunks, r.first_chunk, path, r.offset)
+            at = r.range_offset - r.window_offset
+            part = record[at : at + r.range_bytes]
+            if r.out is None:
+                results.append(part)
+            else:
+                r.out[: r.range_bytes] = part
+                results.append(r.out)
+            continue
         if r.bare:
             payload = check_bare(
                 record, path, r.offset, expect_size_bytes=entry.size_bytes, expect_crc32=entry.crc32

@@ -35,6 +35,7 @@ from tiers.io.buffers import as_buffer
 from tiers.io.byte_views import U8, is_tensor
 from tiers.io.errors import CapacityError
 from tiers.nvme.catalog import Catalog, CatalogEntry
+from tiers.nvme.chunks import chunk_log2_for
 from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.records import RecordIO, RecordWrite
@@ -100,11 +101,14 @@ class NvmeWrites:
         return await self._ops.shielded(self._delete_many(held))
 
     def _entry_bytes(self, entry: CatalogEntry) -> int:
-        """Bytes the entry's record takes on disk (bare or header record, by the marker)."""
+        """Bytes the entry's record takes on disk (chunked by its entry; else bare or header
+        record, by the marker)."""
+        if entry.chunks:
+            return record_bytes(entry.size_bytes, chunked=True)
         return record_bytes(entry.size_bytes, self._is_bare(entry))
 
     def _is_bare(self, entry: CatalogEntry) -> bool:
-        return entry.version >= self._bare_from and is_bare(entry.size_bytes)
+        return not entry.chunks and entry.version >= self._bare_from and is_bare(entry.size_bytes)
 
     async def _put_items(self, items: dict[str, np.ndarray], owners: list[Any]) -> None:
         catalog, space = self._catalog, self._space
@@ -157,20 +161,23 @@ class NvmeWrites:
             file_indexes = []
             for key, payload in items.items():
                 file_index, file_offset = space.split(extents[key][0])
-                bare = is_bare(payload.nbytes)
+                log2 = chunk_log2_for(payload.nbytes)
+                bare = not log2 and is_bare(payload.nbytes)
                 version = catalog.take_version()
                 file = space.files[file_index]
-                khash = 0 if bare else key_hash(key)  # a bare record stores no key hash
-                writes.append(RecordWrite(file, file_offset, payload, version, khash, bare))
+                khash = 0 if bare or log2 else key_hash(key)  # stored in header records only
+                writes.append(RecordWrite(file, file_offset, payload, version, khash, bare, log2))
                 file_indexes.append(file_index)
-            crcs = await self._records.write_many(writes)
+            sums = await self._records.write_many(writes)
             files = {id(w.file): w.file for w in writes}
             await asyncio.gather(*(self._syncs.sync(file) for file in files.values()))
             self.counters["fdatasyncs"] = self._syncs.syncs
             # The records are durable: now the catalog may name them, all in one transaction.
             changes: list[tuple[str, CatalogEntry | None]] = [
-                (key, CatalogEntry(file_index, w.offset, w.payload.nbytes, crc, w.version))
-                for key, w, crc, file_index in zip(items, writes, crcs, file_indexes, strict=True)
+                (key, CatalogEntry(index, w.offset, w.payload.nbytes, crc, w.version, chunks))
+                for key, w, (crc, chunks), index in zip(
+                    items, writes, sums, file_indexes, strict=True
+                )
             ]
             try:
                 await catalog.apply_many(changes)

@@ -17,7 +17,7 @@ from tests.tiers.nvme.test_nvme import assert_space_consistent, lease
 from tiers.io.env import Env
 from tiers.io.errors import CorruptionError, EngineClosedError
 from tiers.io.threaded import ThreadEngine
-from tiers.nvme.format import parse_marker
+from tiers.nvme.marker import parse_marker
 from tiers.nvme.nvme_tier import NvmeTier
 from tiers.testing.faulty_engine import PowerCutAt
 from tiers.testing.tier_contract import as_bytes
