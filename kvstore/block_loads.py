@@ -3,8 +3,10 @@
 ``load`` reads the leading run of cached blocks of a chain straight into the caller's tensor
 with one ``get_many`` (one engine submission on NVMe, each record's checksum verified);
 ``load_layer`` reads one layer of many blocks, a byte range of each, gathered into shared
-submissions by the NVMe tier. With a codec the bytes land in a staging buffer and are decoded
-into the caller's tensor.
+submissions by the NVMe tier, which reads and checks only the chunks of each block's record that
+cover the layer (a block of 1 MiB or more is a chunked record: tiers.nvme.chunks), so a layer
+costs its own bytes, not its block's. With a codec the bytes land in a staging buffer and are
+decoded into the caller's tensor.
 
 A record that fails its checksum raises CorruptionError inside the tier; here the batch is
 read again key by key, every damaged block is deleted and counted, and the load stops before

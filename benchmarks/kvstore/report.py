@@ -13,6 +13,7 @@ TARGETS = {
     "hit_rate_vs_belady_10pct": ">= 0.9",
     "hit_rate_vs_lru_10pct": "> 1",
     "load_gbps_vs_tier": ">= 0.85",
+    "load_layer_gbps_vs_load": ">= 0.85",
     "capacity_overrun_bytes": "0",
 }
 
@@ -51,6 +52,7 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
         "best_policy_10pct": ten["best_policy"] if ten else None,
         "store_gbps_vs_tier": throughput.get("store_gbps_vs_tier"),
         "load_layer_gbps_vs_tier": throughput.get("load_layer_gbps_vs_tier"),
+        "load_layer_gbps_vs_load": throughput.get("load_layer_gbps_vs_load"),
         "restart_hit_rate_vs_no_restart": restart.get("restart_vs_no_restart"),
     }
     for percent, cell in sorted(cells.items()):
@@ -92,6 +94,10 @@ def tables(figures: dict[str, Any]) -> list[str]:
                 f"{raw['median']:.3f} ({raw['min']:.3f}-{raw['max']:.3f}) | "
                 f"{throughput[f'{op}_gbps_vs_tier']} |"
             )
+        lines.append(
+            f"\nload_layer / load (KVBlockStore, per byte moved): "
+            f"{throughput.get('load_layer_gbps_vs_load')}"
+        )
     for reopen in figures.get("reopen") or []:
         lines.append(
             f"\nreopen {reopen['blocks']:,} blocks: {reopen['open_s']} s "

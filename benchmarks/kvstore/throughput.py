@@ -13,7 +13,10 @@ on the same bytes and the same block count:
 
 the two sides run back to back, which goes first alternating by round; then both drop the
 round's blocks. GB/s is 10**9 bytes per second; the report gives medians, min-max, and the
-ratio of medians (store / raw).
+ratio of medians (store / raw). ``load_layer_gbps_vs_load`` is the KV store's load_layer rate
+over its whole-block load rate, both per byte moved to the caller (median over median; the
+per-round ratios' median and spread beside it): 1 when a layer read costs its bytes' share
+of a block read, ~1/32 when every layer read reads and checks the whole block.
 
 Thread-safety: one asyncio loop; run as part of the benchmark.
 """
@@ -132,6 +135,16 @@ async def measure_throughput(
         kv_rate = figures[f"kv_{op}_gbps"]["median"]
         raw_rate = figures[f"raw_{op}_gbps"]["median"]
         figures[f"{op}_gbps_vs_tier"] = round(kv_rate / raw_rate, 3) if raw_rate else None
+    layer, whole = figures["kv_load_layer_gbps"], figures["kv_load_gbps"]
+    figures["load_layer_gbps_vs_load"] = (
+        round(layer["median"] / whole["median"], 3) if whole["median"] else None
+    )
+    per_round = [a / b for a, b in zip(layer["all"], whole["all"], strict=True) if b]
+    figures["load_layer_vs_load_per_round"] = {
+        "median": round(statistics.median(per_round), 3) if per_round else None,
+        "min": round(min(per_round), 3) if per_round else None,
+        "max": round(max(per_round), 3) if per_round else None,
+    }
     return figures
 
 
