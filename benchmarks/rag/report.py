@@ -5,8 +5,9 @@ by replay length (cold misses vs steady state), and the sweep's pick of a defaul
   from the first round (both deterministic: every round computes the same tokens).
 - ``by_length``: chunk-cache tokens over prefix caching's, cumulative over the first 1/8,
   1/4, 1/2 and all of the replay, and per quarter (the last quarter is the steady state: by
-  then most chunks asked for have been seen), beside the floor any chunk cache has there
-  (the question plus each chunk at its first sight, over prefix caching's tokens).
+  then most chunks asked for have been seen), and over the requests whose every chunk was
+  seen before (the rule's own cost, cold misses out), beside the floor any chunk cache has
+  there (the question plus each chunk at its first sight, over prefix caching's tokens).
 - ``pick``: the configuration computing the fewest tokens with top-1 >= 0.98 and mean KL at
   most ``kl_share`` of pure reuse's (no recompute at all: "chunk-start" at fraction 0), so a
   default must earn its recompute in quality, not only pass a top-1 bar every configuration
@@ -69,29 +70,30 @@ def print_table(rows: Sequence[dict[str, Any]], total_tokens: int, prefix_tokens
 
 
 def by_length(
-    chunk: Sequence[float], prefix: Sequence[float], cold: Sequence[int]
+    chunk: Sequence[float], prefix: Sequence[float], cold: Sequence[int], warm: Sequence[bool]
 ) -> dict[str, dict[str, float]]:
-    """Ratios (chunk cache / prefix caching, floor / prefix caching) by replay length; see
-    the module docstring."""
+    """Ratios (chunk cache / prefix caching, floor / prefix caching) by replay length, and
+    over the ``warm`` requests alone (every chunk seen before: the rule's own cost); see the
+    module docstring."""
     n = len(prefix)
     out: dict[str, dict[str, float]] = {}
     for share, label in ((8, "first 1/8"), (4, "first 1/4"), (2, "first 1/2"), (1, "all")):
-        end = max(1, n // share)
-        out[label] = _ratio(chunk, prefix, cold, 0, end)
+        out[label] = _ratio(chunk, prefix, cold, range(max(1, n // share)))
     for quarter in range(4):
         begin, end = quarter * n // 4, max(quarter * n // 4 + 1, (quarter + 1) * n // 4)
-        out[f"quarter {quarter + 1}"] = _ratio(chunk, prefix, cold, begin, end)
+        out[f"quarter {quarter + 1}"] = _ratio(chunk, prefix, cold, range(begin, end))
+    out["warm only"] = _ratio(chunk, prefix, cold, [i for i in range(n) if warm[i]])
     return out
 
 
 def _ratio(
-    chunk: Sequence[float], prefix: Sequence[float], cold: Sequence[int], begin: int, end: int
+    chunk: Sequence[float], prefix: Sequence[float], cold: Sequence[int], rows: Sequence[int]
 ) -> dict[str, float]:
-    base = sum(prefix[begin:end]) or 1.0
+    base = sum(prefix[i] for i in rows) or 1.0
     return {
-        "requests": end - begin,
-        "ratio": round(sum(chunk[begin:end]) / base, 4),
-        "floor": round(sum(cold[begin:end]) / base, 4),
+        "requests": len(rows),
+        "ratio": round(sum(chunk[i] for i in rows) / base, 4),
+        "floor": round(sum(cold[i] for i in rows) / base, 4),
     }
 
 
