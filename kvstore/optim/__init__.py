@@ -6,7 +6,7 @@ a directory), streamed subgroup by subgroup through a few reusable staging buffe
 are bit-identical to the wrapped optimizer's in memory::
 
     opt = OffloadedOptimizer(model.parameters(), torch.optim.AdamW, tier="nvme",
-                             directory="/nvme/run1", subgroup_bytes=64 << 20, lr=1e-4)
+                             directory="/nvme/run1", lr=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); sched.step(); opt.zero_grad()
@@ -14,10 +14,13 @@ are bit-identical to the wrapped optimizer's in memory::
     opt.checkpoint("step-1000")                    # NVMe: a manifest, no copy
     opt.close()
 
-Host memory: ``slots * (1 + states) * subgroup_bytes`` (rounded up to pages) plus one
-subgroup of gradients, ``slots`` = 3 by default or as ``host_budget_bytes`` allows (at least
-1), whatever the model size. ``OffloadError`` (a ``tiers.TierkitError``) is what it refuses
-with.
+Host memory (NVMe, or DRAM with ``resident=False``): ``slots * (1 + states) *
+subgroup_bytes`` (rounded up to pages) plus one subgroup of gradients, ``slots`` = 3 by default
+or as ``host_budget_bytes`` allows (at least 1), whatever the model size; subgroups are sized
+from the model unless ``subgroup_bytes`` is given (sizing.py). ``master="params"`` (fp32 CPU
+parameters) stores and moves only the states, as torch's own optimizer keeps no second fp32
+copy (params_master.py: how a reopened state is paired with the parameters' step).
+``OffloadError`` (a ``tiers.TierkitError``) is what it refuses with.
 """
 
 from kvstore.optim.layout import OffloadError

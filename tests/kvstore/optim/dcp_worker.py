@@ -25,7 +25,7 @@ from torch import nn
 
 GLOBAL_BATCH_ROWS = 8
 FEATURES = 16
-STEPS_BEFORE_SAVE = 6
+STEPS_BEFORE_SAVE = 3
 LR = 1e-2
 WEIGHT_DECAY = 0.05
 SUBGROUP_BYTES = 4 << 10  # the model's ~9 KiB of fp32 weights stream in three subgroups

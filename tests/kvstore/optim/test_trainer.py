@@ -25,8 +25,8 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 from tests.kvstore.optim import helpers_integration as harness
 from tests.kvstore.optim import trainer_resume_writer as writer
 
-MAX_STEPS = 60  # warm-up (10 steps) and the linear decay on both sides of the kill
-SAVE_STEP = 40
+MAX_STEPS = 30  # warm-up (10 steps), then the linear decay on both sides of the kill
+SAVE_STEP = 20
 OFFLOADED_KINDS = ["dram", "nvme"]
 
 
@@ -71,7 +71,7 @@ def reference(
     output_dir = tmp_path_factory.mktemp("reference")
     losses, weights = _train(output_dir, "torch")
     assert len(losses) == MAX_STEPS
-    assert losses[MAX_STEPS] < losses[1] - 1.5  # it learns: 4.9 nats down to about 3
+    assert losses[MAX_STEPS] < losses[1] - 1.0  # it learns: 4.9 nats down to about 3.5
     return losses, weights, _saved_optimizer(output_dir, SAVE_STEP)
 
 
