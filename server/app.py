@@ -12,8 +12,10 @@ Stop: uvicorn first drains in-flight requests (``graceful_timeout_s``); then the
 out of service (requests answer 503), writes still running are awaited (a timed-out request's
 shielded write), and it is closed, which checkpoints every collection.
 
-Middleware, outermost first: observability (request id, access log, metrics), body limit,
-timeout. Thread-safety: one app per event loop.
+In front of everything, the query route's fast path (server.fast_query: plain vector queries
+answered without the framework, with the same limits, metrics and log). Middleware, outermost
+first: observability (request id, access log, metrics), body limit, timeout.
+Thread-safety: one app per event loop.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
 from server.deps import drain_writes
 from server.envelope import OrjsonResponse, OrjsonRoute
 from server.errors import install_error_handlers
+from server.fast_query import FastQuery
 from server.keys import KeyStore
 from server.limits import BodyLimitMiddleware, TimeoutMiddleware
 from server.memory import settle_allocator
@@ -97,6 +101,19 @@ def _add_route(app: FastAPI, route: APIRoute) -> None:
     )
 
 
+class _Service(FastAPI):
+    """FastAPI with the query route's fast path in front of its middleware (server.fast_query:
+    plain vector queries answered without the framework; the rest go through it)."""
+
+    fast_query: FastQuery | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_query is not None and FastQuery.takes(scope):
+            await self.fast_query(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,7 +142,7 @@ def create_app(settings: Settings) -> FastAPI:
                 log.info("waited for %d write(s) to finish", drained)
             await catalog.aclose()
 
-    app = FastAPI(
+    app = _Service(
         title="tierkit",
         version=ops.QDRANT_VERSION,
         description=DESCRIPTION,
@@ -148,4 +165,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(TimeoutMiddleware, timeout_s=settings.request_timeout_s)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics)
+    app.fast_query = FastQuery(app, functools.partial(FastAPI.__call__, app))
     return app

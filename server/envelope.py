@@ -28,9 +28,9 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["OrjsonResponse", "OrjsonRoute", "elapsed_s", "error_response", "ok"]
+__all__ = ["RESPONSE_OPTIONS", "OrjsonResponse", "OrjsonRoute", "elapsed_s", "error_response", "ok"]
 
-_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+RESPONSE_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 _PARSE_IN_THREAD_BYTES = 1 << 20
 
 
@@ -38,7 +38,7 @@ class OrjsonResponse(JSONResponse):
     """A JSON response rendered by orjson (NaN/inf become null, as orjson writes them)."""
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=_OPTIONS)
+        return orjson.dumps(content, option=RESPONSE_OPTIONS)
 
 
 def elapsed_s(request: Request | None) -> float:

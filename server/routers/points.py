@@ -49,10 +49,11 @@ from server.shapes import (
 )
 from vectordb.collections import Collection
 
-__all__ = ["router"]
+__all__ = ["QUERY_PATH", "router", "search"]
 
 router = APIRouter(tags=["points"], route_class=OrjsonRoute)
 _PREFIX = "/collections/{collection_name}/points"
+QUERY_PATH = _PREFIX + "/query"
 _MATRIX_IN_THREAD_FLOATS = 1 << 18
 
 
@@ -202,9 +203,10 @@ async def _query_vector(body: QueryBody, collection: Collection, caller: Princip
     return query
 
 
-async def _search(
+async def search(
     collection: Collection, vector: list[float], body: QueryBody | SearchBody, caller: Principal
 ) -> list[dict[str, Any]]:
+    """The hits of one checked vector as JSON-ready dicts (also ``server.fast_query``'s)."""
     selection = payload_selection(body.with_payload)
     params = body.params
     hits = await collection.query(
@@ -222,7 +224,7 @@ async def _search(
 
 
 @router.post(
-    _PREFIX + "/query",
+    QUERY_PATH,
     summary="Query points nearest to a vector",
     responses=documented(QueryResult),
 )
@@ -230,7 +232,7 @@ async def query_points(
     request: Request, body: QueryBody, caller: Caller, collection: CollectionDep
 ) -> Response:
     vector = await _query_vector(body, collection, caller)
-    points = await _search(collection, vector, body, caller)
+    points = await search(collection, vector, body, caller)
     return ok({"points": points}, request)
 
 
@@ -241,7 +243,7 @@ async def query_batch(
     request: Request, body: QueryBatchBody, caller: Caller, collection: CollectionDep
 ) -> Response:
     vectors = [await _query_vector(s, collection, caller) for s in body.searches]  # all or none
-    runs = [_search(collection, v, s, caller) for v, s in zip(vectors, body.searches, strict=True)]
+    runs = [search(collection, v, s, caller) for v, s in zip(vectors, body.searches, strict=True)]
     results = await asyncio.gather(*runs)  # concurrent: the index gathers them into one batch
     return ok([{"points": points} for points in results], request)
 
@@ -254,7 +256,7 @@ async def query_batch(
 async def search_points(
     request: Request, body: SearchBody, caller: Caller, collection: CollectionDep
 ) -> Response:
-    return ok(await _search(collection, body.vector, body, caller), request)
+    return ok(await search(collection, body.vector, body, caller), request)
 
 
 @router.post(
