@@ -92,6 +92,11 @@ def headline(systems: dict[str, Any], soak: dict[str, Any] | None) -> dict[str, 
         # beside the key: which part grew (anonymous: a leak would show there)
         "rss_anon_growth_pct": soak.get("rss_anon_growth_pct") if soak else None,
         "rss_file_growth_pct": soak.get("rss_file_growth_pct") if soak else None,
+        # from the soak's half-way sample: whether the growth levels off after a warm-up
+        "rss_growth_second_half_pct": soak.get("rss_growth_second_half_pct") if soak else None,
+        "rss_anon_growth_second_half_pct": (
+            soak.get("rss_anon_growth_second_half_pct") if soak else None
+        ),
     }
 
 
@@ -109,6 +114,9 @@ def soak_figures(cell: dict[str, Any], seconds: float, points_before: int) -> di
         series = [(row[0], row[column]) for row in rows]
         soak[f"{key}_mib"] = [(t, round(b / 2**20, 1)) for t, b in series]
         soak[f"{key}_growth_pct"] = rss_growth_pct(series, cell["warmup_s"])
+        # the same from half-way: a leak keeps growing, a cache filling levels off
+        half_s = cell["warmup_s"] + seconds / 2
+        soak[f"{key}_growth_second_half_pct"] = rss_growth_pct(series, half_s)
     return soak
 
 

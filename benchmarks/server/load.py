@@ -32,6 +32,10 @@ sample after the warm-up, in percent:
   of torch, llvmlite and others, constant) and LMDB's maps, the point store's growing with the
   points (new records, and reads of them); clean pages the kernel drops under pressure.
 
+Each also from the soak's half-way sample (``*_growth_second_half_pct``): growth that levels off
+after a warm-up (a cache filling: LMDB's pages, the C heap reaching its working size) shows
+much less there than over the whole window; a steady leak shows about half of it.
+
 ``points_upserted`` is how many new points the soak's window added (``points_growth_pct`` of
 the ``points_before``): part of any growth is the data growing, not a leak. With
 ``--soak-overwrite`` the soak's upserts overwrite existing points instead (ids cycling through
