@@ -13,7 +13,8 @@ same per-sample transform, :func:`sample_transform`: PNG bytes -> Pillow decode 
   user pays it once; opening the sidecars is inside the timed region, cold.
 * peer: WebDataset's own loader as its docs show it -- ``WebDataset(shards,
   shardshuffle=..., detshuffle=True, seed=...).shuffle(1000).map(sample_transform)
-  .batched(128)`` in a ``WebLoader(batch_size=None, num_workers=N)``: shards split across
+  .batched(128)`` in ``DataLoader(batch_size=None, num_workers=N)`` (what ``WebLoader``
+  wraps; used directly so its workers can be shut down and their CPU counted): shards split across
   workers, read sequentially, shuffled within a 1,000-sample buffer (a weaker shuffle than
   tierkit's, and cheaper: sequential reads).
 """
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 from benchmarks.dataload import _fmnist, _map_dataset
 
@@ -113,8 +114,10 @@ def webdataset_loader(shards: list[str], workers: int, seed: int) -> tuple:
         .map(sample_transform)
         .batched(BATCH, collation_fn=default_collate, partial=True)
     )
-    loader = webdataset.WebLoader(dataset, batch_size=None, num_workers=workers)
-    iterator = iter(loader)
+    # WebLoader is this DataLoader inside a pipeline whose generator hides the DataLoader's
+    # iterator; without it the workers outlive the run (their CPU uncounted, and competing
+    # with the next run)
+    iterator = iter(DataLoader(dataset, batch_size=None, num_workers=workers))
 
     def close() -> None:
         shutdown = getattr(iterator, "_shutdown_workers", None)

@@ -14,6 +14,7 @@ agree with part (e)'s ``wds_nw*`` rows, the harness is not handicapping the peer
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -41,11 +42,15 @@ def time_once(shards: list[str], workers: int, seed: int, samples: int, time_s: 
         .batched(BATCH, collation_fn=default_collate, partial=True)
     )
     seen = 0
-    for images, _labels in webdataset.WebLoader(dataset, batch_size=None, num_workers=workers):
+    loader = webdataset.WebLoader(dataset, batch_size=None, num_workers=workers)
+    for images, _labels in loader:
         seen += int(images.shape[0])
         if seen >= samples or time.perf_counter() - started > time_s:
             break
-    return seen / (time.perf_counter() - started)
+    rate = seen / (time.perf_counter() - started)
+    del loader
+    gc.collect()  # the pipeline's generator holds the DataLoader iterator: stop its workers
+    return rate
 
 
 def main() -> None:
