@@ -118,7 +118,7 @@ async def _run(
     return acked, engine.batches
 
 
-@pytest.mark.parametrize(("seed", "keep"), [(1, "random"), (2, "random"), (3, "none")])
+@pytest.mark.parametrize(("seed", "keep"), [(1, "random"), (3, "none")])
 def test_power_cut_at_many_points_keeps_every_acknowledged_change(
     tmp_path: Path, seed: int, keep: str
 ) -> None:
@@ -162,8 +162,8 @@ def test_power_cut_in_every_batch_of_one_grant_and_one_insert(tmp_path: Path) ->
         await writer.create(dry)
         acked, total = await _run(dry, ops, 10**9, 0, "random")
         assert acked == len(ops)
-        rng = np.random.default_rng(0)  # half the points (~60 batches in all), both parities
-        points = sorted(rng.choice(np.arange(2, total + 1), total // 2, replace=False).tolist())
+        rng = np.random.default_rng(0)  # a third of the points (~60 batches), both parities
+        points = sorted(rng.choice(np.arange(2, total + 1), total // 3, replace=False).tolist())
         for cut_at in points:
             directory = tmp_path / f"cut{cut_at}"
             await writer.create(directory)

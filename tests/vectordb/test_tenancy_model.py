@@ -301,7 +301,7 @@ class CosineTenancyMachine(TenancyMachine):
 
 
 _SETTINGS = settings(
-    max_examples=50,
+    max_examples=30,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -309,4 +309,4 @@ _SETTINGS = settings(
 TestTenancyL2 = TenancyMachine.TestCase
 TestTenancyL2.settings = _SETTINGS
 TestTenancyCosine = CosineTenancyMachine.TestCase
-TestTenancyCosine.settings = settings(_SETTINGS, max_examples=35)
+TestTenancyCosine.settings = settings(_SETTINGS, max_examples=20)
