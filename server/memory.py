@@ -12,7 +12,7 @@ threshold to that block's size (up to 32 MiB), and later big arrays come from it
 heaps, where freed memory stays. Measured under the load benchmark's soak (90/10 query/upsert at
 concurrency 8, debian-minilm, ``python -m benchmarks.server.memory_probe``): bytes in use by
 the C allocator stayed flat (+0.5%), Python's objects and blocks flat, while the heaps' free
-bytes grew 126 -> 148 MiB in 80 s and were most of RssAnon's growth. With the threshold fixed
+bytes grew 123 -> 145 MiB in 80 s and were most of RssAnon's growth. With the threshold fixed
 at 1 MiB (``tiers.io.cap_heap_retention``: such blocks are unmapped when freed) the heaps held
 6 MiB free and did not grow. The price is a fresh mapping (page faults) per big array.
 
