@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 RULES = ("deviation", "chunk-start", "hybrid")
-DEFAULT_RULE, DEFAULT_FRACTION = "deviation", 0.15  # benchmarks/RESULTS.md has the sweep
+DEFAULT_RULE, DEFAULT_FRACTION = "deviation", 0.05  # the sweep in benchmarks/RESULTS.md
 HYBRID_CANDIDATES = 3.0  # the hybrid rule checks this many times the recompute fraction
 
 
