@@ -39,6 +39,7 @@ from kvstore.fingerprint import ModelFingerprint
 from kvstore.policies import make_block_policy
 from tiers import InvalidArgumentError, TieredStore
 from tiers.io import IORuntime
+from tiers.nvme import catalog_entry_bytes
 
 __all__ = ["KVBlockStore"]
 
@@ -107,7 +108,7 @@ class KVBlockStore(BlockLoads):
     def disk_bytes_for(blocks: int, block_bytes: int) -> int:
         """The ``disk_bytes`` that hold ``blocks`` blocks of ``block_bytes`` (a fingerprint's
         ``block_bytes``, or a compressed store's ``object_bytes``) with their catalog."""
-        return _CATALOG_BASE_BYTES + blocks * (block_bytes + _CATALOG_BYTES_PER_BLOCK)
+        return _CATALOG_BASE_BYTES + blocks * (block_bytes + _catalog_bytes_per_block(block_bytes))
 
     # ------------------------------------------------------------------ lookups
     def __len__(self) -> int:
@@ -276,18 +277,27 @@ def _object_bytes(fingerprint: ModelFingerprint, compression: Any) -> int:
 
 
 # The tier's LMDB catalog lives in the same directory but is not charged to the tier: measured
-# ~250 bytes a block (key, entry, B-tree pages, free pages of copy-on-write), so twice that.
+# ~250 bytes a block (key, entry, B-tree pages, free pages of copy-on-write), so twice that,
+# plus twice the CRC table a record of 1 MiB or more carries in its entry (4 B a 256 KiB chunk).
 _CATALOG_BYTES_PER_BLOCK = 512
 _CATALOG_BASE_BYTES = 64 << 10
 
 
+def _catalog_bytes_per_block(object_bytes: int) -> int:
+    return _CATALOG_BYTES_PER_BLOCK + 2 * (catalog_entry_bytes(object_bytes) - _PLAIN_ENTRY_BYTES)
+
+
+_PLAIN_ENTRY_BYTES = catalog_entry_bytes(1)
+
+
 def _data_bytes(disk_bytes: int, object_bytes: int) -> int:
     """What the blocks may take of ``disk_bytes``, so the whole directory stays within it."""
-    blocks = (disk_bytes - _CATALOG_BASE_BYTES) // (object_bytes + _CATALOG_BYTES_PER_BLOCK)
+    per_block = object_bytes + _catalog_bytes_per_block(object_bytes)
+    blocks = (disk_bytes - _CATALOG_BASE_BYTES) // per_block
     if blocks < 1:
         raise InvalidArgumentError(
             f"disk_bytes {disk_bytes} cannot hold one {object_bytes}-byte block and its "
-            f"catalog ({_CATALOG_BASE_BYTES + _CATALOG_BYTES_PER_BLOCK + object_bytes} bytes)"
+            f"catalog ({_CATALOG_BASE_BYTES + per_block} bytes)"
         )
     return blocks * object_bytes
 

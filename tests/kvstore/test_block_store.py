@@ -245,3 +245,16 @@ def test_a_lookup_without_touch_changes_nothing(tmp_path: Path) -> None:
         await store.aclose()
 
     run(body())
+
+
+def test_the_disk_reserve_covers_the_chunk_table_of_big_blocks() -> None:
+    """Blocks of 1 MiB and more carry a CRC a 256 KiB chunk in their catalog entry: the
+    reserve per block grows with it (twice the entry, as for the rest of the catalog)."""
+    from tiers.nvme import catalog_entry_bytes
+
+    for block_bytes in (16 << 10, 1 << 20, 64 << 20):
+        one = KVBlockStore.disk_bytes_for(1, block_bytes)
+        two = KVBlockStore.disk_bytes_for(2, block_bytes)
+        reserve = two - one - block_bytes
+        assert reserve >= 2 * catalog_entry_bytes(block_bytes)
+        assert reserve >= 512
