@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import json
 import os
@@ -39,36 +38,8 @@ from typing import Any
 import uvicorn
 
 from server.app import create_app
+from server.memory import malloc_bytes
 from server.settings import Settings
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def malloc_bytes() -> dict[str, int]:
-    """glibc's counters over all its arenas (empty where the C library has no mallinfo2)."""
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return {}
-    fn.restype = _MallInfo2
-    info = fn()
-    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
 
 
 def proc_status() -> dict[str, int]:
