@@ -13,9 +13,11 @@ Thread-safety: call once, from the main thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import sys
+from collections.abc import Generator
 from logging.handlers import QueueHandler, QueueListener
 
 import uvicorn
@@ -43,6 +45,30 @@ def _configure_logging(level: str) -> QueueListener:
     return listener
 
 
+class _FlushingServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM when ``capture_signals`` exits, which ends the
+    process before any ``finally`` after ``run()``: the queued lines ("Application shutdown
+    complete", the last access lines) are written first, here."""
+
+    def __init__(self, config: uvicorn.Config, listener: QueueListener) -> None:
+        super().__init__(config)
+        self._listener: QueueListener | None = listener
+
+    def stop_logging(self) -> None:
+        """Writes what is queued and stops the writer thread; once (a second stop would fail)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self.stop_logging()  # before the captured signal is raised again
+
+
 def serve(settings: Settings) -> None:
     listener = _configure_logging(settings.log_level)
     config = uvicorn.Config(
@@ -55,10 +81,10 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=max(1, round(settings.graceful_timeout_s)),
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _FlushingServer(config, listener)
     try:
         server.run()
     finally:
-        listener.stop()  # writes what is queued
+        server.stop_logging()
     if not server.started:  # the port was taken, or the app failed to start
         raise SystemExit(1)
