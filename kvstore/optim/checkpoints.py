@@ -13,6 +13,8 @@ Thread-safety: as the optimizer (one thread at a time).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kvstore.optim.layout import OffloadError, Subgroup
@@ -32,15 +34,14 @@ class CheckpointsMixin:
     subgroups: list[Subgroup]
     _params: list[torch.Tensor]
 
-    @property
-    def versions(self) -> VersionedState | ResidentState:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # OffloadedOptimizer's (declared here for the type checker, defined there)
 
-    def load_params(self) -> None:
-        raise NotImplementedError
+        @property
+        def versions(self) -> VersionedState | ResidentState: ...
 
-    def _refresh_state(self) -> None:
-        raise NotImplementedError
+        def load_params(self) -> None: ...
+
+        def _refresh_state(self) -> None: ...
 
     def _param_sums(self, subgroup: Subgroup) -> int:
         return param_sums(subgroup, self._params)
