@@ -5,6 +5,7 @@ whole get); get_many with ranges in one submission, moving only the covering chu
 from __future__ import annotations
 
 import asyncio
+import gzip
 import shutil
 import struct
 import tempfile
@@ -203,6 +204,9 @@ def _pattern(size: int, seed: int) -> bytes:
 def test_records_written_before_chunking_still_read(tmp_path: Path) -> None:
     directory = tmp_path / "tier"
     shutil.copytree(FORMAT2_TIER, directory)
+    packed = directory / "extents-00000.dat.gz"  # 6 MiB of extents, 28 KiB gzipped
+    (directory / "extents-00000.dat").write_bytes(gzip.decompress(packed.read_bytes()))
+    packed.unlink()
     expected = {key: _pattern(size, i) for i, (key, size) in enumerate(_OLD.items())}
 
     async def main() -> None:
