@@ -55,6 +55,13 @@ class SampleError(TierkitError):
 class SampleIndexError(SampleError, InvalidArgumentError, IndexError):
     """The index is negative or past the end of the source (never skipped)."""
 
+    @classmethod
+    def check(cls, source: str, index: int, count: int) -> int:
+        """``index`` as an int when ``0 <= index < count``; raises this error otherwise."""
+        if not 0 <= index < count:
+            raise cls(source, index, f"out of range for {count} samples")
+        return int(index)
+
 
 class SampleReadError(SampleError):
     """The operating system failed the read; ``errno`` is the OS error number (or None)."""

@@ -95,9 +95,7 @@ class MDSShards(Dataset):
         return len(self._shard_of)
 
     def _check(self, index: int) -> int:
-        if not 0 <= index < len(self):
-            raise SampleIndexError(self.root, index, f"out of range for {len(self)} samples")
-        return int(index)
+        return SampleIndexError.check(self.root, index, len(self))
 
     def locate(self, index: int) -> tuple[str, int, int]:
         """(shard path, offset, length) of sample ``index``'s bytes."""

@@ -128,9 +128,7 @@ class TarShards(Dataset):
         return raw.decode("utf-8", "surrogateescape")
 
     def _check(self, index: int) -> int:
-        if not 0 <= index < len(self):
-            raise SampleIndexError(self.root, index, f"out of range for {len(self)} samples")
-        return int(index)
+        return SampleIndexError.check(self.root, index, len(self))
 
     def locate(self, index: int) -> tuple[str, int, int]:
         """(shard path, offset, length) of the byte range holding all of the sample's members."""

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server import Settings, create_app
 from server.keys import ForbiddenError, KeyStore, UnauthorizedError
+from tests.server.asgi_app import asgi_service
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "tk_00000000a11e_" + "s" * 32
@@ -27,15 +27,8 @@ ADMIN = "tk_00000000a11e_" + "s" * 32
 
 @contextlib.asynccontextmanager
 async def client(data: Path, **settings: object) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(data_dir=str(data), **settings))  # type: ignore[arg-type]
-    os.environ["TIERKIT_ADMIN_KEY"] = ADMIN
-    try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-                yield http
-    finally:
-        del os.environ["TIERKIT_ADMIN_KEY"]
+    async with asgi_service(data, ADMIN, send_key=False, **settings) as (http, _app):
+        yield http
 
 
 def test_keys_file_holds_hashes_only(tmp_path: Path) -> None:

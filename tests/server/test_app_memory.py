@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from server import Settings, create_app
+from tests.server.asgi_app import asgi_service
 
 ADMIN = "tk_00000000a11e_" + "m" * 32
 DIM = 16
@@ -38,18 +37,8 @@ MAX_BLOCKS_PER_REQUEST = 1.5  # measured: 0.29-0.73 (bounded: timers, weakrefs, 
 
 @contextlib.asynccontextmanager
 async def client(data: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    app = create_app(Settings(data_dir=str(data), log_level="warning"))
-    os.environ["TIERKIT_ADMIN_KEY"] = ADMIN
-    try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            headers = {"api-key": ADMIN}
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://t", headers=headers
-            ) as http:
-                yield http, app
-    finally:
-        del os.environ["TIERKIT_ADMIN_KEY"]
+    async with asgi_service(data, ADMIN, log_level="warning") as (http, app):
+        yield http, app
 
 
 def _requests(vectors: np.ndarray, round_index: int) -> list[tuple[str, str, object, int]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from server import Settings, create_app
+from tests.server.asgi_app import asgi_service
 
 ADMIN = "tk_00000000a11e_" + "f" * 32
 DIM = 8
@@ -24,18 +23,8 @@ QUERY = "/collections/c/points/query"
 
 @contextlib.asynccontextmanager
 async def service(data: Path, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    app = create_app(Settings(data_dir=str(data), log_level="warning", **settings))
-    os.environ["TIERKIT_ADMIN_KEY"] = ADMIN
-    try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            headers = {"api-key": ADMIN}
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://t", headers=headers
-            ) as http:
-                yield http, app
-    finally:
-        del os.environ["TIERKIT_ADMIN_KEY"]
+    async with asgi_service(data, ADMIN, log_level="warning", **settings) as (http, app):
+        yield http, app
 
 
 async def _fill(http: httpx.AsyncClient, n: int = 200) -> np.ndarray:
