@@ -15,11 +15,12 @@ are bit-identical to the wrapped optimizer's in memory::
     opt.close()
 
 Host memory (NVMe, or DRAM with ``resident=False``): ``slots * (1 + states) *
-subgroup_bytes`` (rounded up to pages) plus one subgroup of gradients, ``slots`` = 3 by default
+subgroup_bytes`` (rounded up to pages) plus one subgroup of gradients, ``slots`` = 4 by default
 or as ``host_budget_bytes`` allows (at least 1), whatever the model size; subgroups are sized
 from the model unless ``subgroup_bytes`` is given (sizing.py). ``master="params"`` (fp32 CPU
 parameters) stores and moves only the states, as torch's own optimizer keeps no second fp32
-copy (params_master.py: how a reopened state is paired with the parameters' step).
+copy (params_master.py: how a reopened state is paired with the parameters' step); the default
+``master="auto"`` picks it for fp32 CPU parameters on NVMe, and an existing directory's own mode.
 ``OffloadError`` (a ``tiers.TierkitError``) is what it refuses with.
 """
 

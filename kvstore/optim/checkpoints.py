@@ -31,6 +31,8 @@ class CheckpointsMixin:
 
     master: str
     resumed_from: str | None
+    _deferred: bool  # master="auto"
+    _unpaired: str | None  # why the next step must pair the parameters first
     subgroups: list[Subgroup]
     _params: list[torch.Tensor]
 
@@ -49,17 +51,28 @@ class CheckpointsMixin:
     def _current_sums(self) -> list[int]:
         return [self._param_sums(s) for s in self.subgroups]
 
-    def _match_params(self) -> None:
-        """master="params" on reopen: pair the stored states with the parameters' step,
-        restoring the checkpoint they are the weights of if need be (else OffloadError)."""
+    def _pair_params(self, *, at_open: bool) -> None:
+        """master="params": pair the stored states with the parameters' step, restoring the
+        checkpoint they are the weights of if need be, else OffloadError; with
+        master="auto" a reopen (``at_open``) that matches nothing is left for the first
+        step to pair again (params_master.py)."""
         versions = self.versions
         if not isinstance(versions, VersionedState):
             raise OffloadError('master="params" state is never resident')
         where = versions.tier.where
-        name = match_params(self._current_sums(), versions.manifest, versions.checkpoints, where)
+        try:
+            current = self._current_sums()
+            name = match_params(current, versions.manifest, versions.checkpoints, where)
+        except OffloadError as exc:
+            if not (at_open and self._deferred):
+                raise
+            self._unpaired = str(exc)
+            return
+        self._unpaired = None
         if name is not None:
             versions.restore(name)
             self.resumed_from = name
+            self._refresh_state()
 
     def checkpoint(self, name: str, *, verify: bool = False) -> None:
         """Keep the committed step's objects under ``name`` (NVMe only): a manifest, no copy.
@@ -82,6 +95,7 @@ class CheckpointsMixin:
             match_params(self._current_sums(), found, {}, f"checkpoint {name!r}")
 
         self.versions.restore(name, same_params if self.master == "params" else None)
+        self._unpaired = None
         self.load_params()
         self._refresh_state()
 

@@ -29,6 +29,8 @@ from kvstore.optim.schema import StateSchema, scalar_from_json, scalar_to_json
 __all__ = ["SubgroupStepper", "sections"]
 
 Grads = torch.Tensor | Sequence[torch.Tensor | None] | None
+# (subgroup, its slot, its gradients, which segments have one, masters or None): see step
+StepItem = tuple[Subgroup, torch.Tensor, Grads, list[bool], Sequence[torch.Tensor] | None]
 
 
 def sections(slot: torch.Tensor, subgroup: Subgroup, count: int) -> list[torch.Tensor]:
@@ -46,40 +48,44 @@ class SubgroupStepper:
         self.kwargs = kwargs
         self.schema = schema
 
-    def _inner(
+    def _views(
         self,
         subgroup: Subgroup,
         masters: Sequence[torch.Tensor],
         parts: list[torch.Tensor],
         grad: Grads,
         has_grad: list[bool],
-        hyper: dict[str, Any],
         scalars: dict[int, dict[str, Any]],
-    ) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+    ) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+        """The inner parameters of one subgroup (with their gradients) and the inner state of
+        those that already have state (keyed by position in the returned list)."""
         views = []
+        states: dict[int, dict[str, Any]] = {}
         for i, (segment, with_grad) in enumerate(zip(subgroup.segments, has_grad, strict=True)):
             span = slice(segment.offset, segment.offset + segment.length)
             view = masters[i].detach()  # a tensor of its own: the .grad set here is ours
             if with_grad and grad is not None:
                 view.grad = grad[span] if isinstance(grad, torch.Tensor) else grad[i]
             views.append(view)
-        # the user's arguments too: some classes read them, not the group, in __init__
-        # (Adagrad's initial_accumulator_value), as torch itself does
-        inner = self.cls([{**hyper, "params": views}], **self.kwargs)
-        for segment, view in zip(subgroup.segments, views, strict=True):
             stored = scalars.get(segment.param_index)
             if stored is None:
-                if not self.schema.eager:
-                    inner.state.pop(view, None)
                 continue
-            span = slice(segment.offset, segment.offset + segment.length)
             state: dict[str, Any] = {
                 key: parts[k][span] for k, key in enumerate(self.schema.vector_keys)
             }
             for key in self.schema.scalar_keys:
                 state[key] = scalar_from_json(stored[key])
-            inner.state[view] = state
-        return inner, views
+            states[i] = state
+        return views, states
+
+    def _split(
+        self, subgroup: Subgroup, slot: torch.Tensor, masters: Sequence[torch.Tensor] | None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(one master per segment, the state sections) of a subgroup's slot."""
+        if masters is None:
+            parts = sections(slot, subgroup, self.schema.sections)
+            return [parts[0][s.offset : s.offset + s.length] for s in subgroup.segments], parts[1:]
+        return list(masters), sections(slot, subgroup, self.schema.sections - 1)
 
     def step(
         self,
@@ -95,18 +101,45 @@ class SubgroupStepper:
         ``grad`` is the flat gradient buffer or one gradient per segment; ``masters``: one
         master per segment, the slot then holding only the states); returns the new scalars
         of each parameter that has state after it."""
-        if masters is None:
-            parts = sections(slot, subgroup, self.schema.sections)
-            masters = [parts[0][s.offset : s.offset + s.length] for s in subgroup.segments]
-            parts = parts[1:]
-        else:
-            parts = sections(slot, subgroup, self.schema.sections - 1)
-        if grad is None:
-            has_grad = [False] * len(subgroup.segments)
-        inner, views = self._inner(subgroup, masters, parts, grad, has_grad, hyper, scalars)
-        if grad is not None and any(has_grad):
+        return self.step_many([(subgroup, slot, grad, has_grad, masters)], [hyper], scalars)
+
+    def step_many(
+        self,
+        items: Sequence[StepItem],
+        hypers: Sequence[dict[str, Any]],
+        scalars: dict[int, dict[str, Any]],
+    ) -> dict[int, dict[str, Any]]:
+        """``step`` of several subgroups with one inner optimizer and one ``step()`` call (one
+        fused kernel call per param group, as torch makes over its parameters): ``hypers[i]``
+        is item i's group's hyperparameters; items of one group share an inner param group."""
+        groups: dict[int, dict[str, Any]] = {}
+        made: list[tuple[Subgroup, list[torch.Tensor], list[torch.Tensor]]] = []
+        preset: list[tuple[torch.Tensor, dict[str, Any] | None]] = []
+        stepping = False
+        for (subgroup, slot, grad, has_grad, masters), hyper in zip(items, hypers, strict=True):
+            master_list, parts = self._split(subgroup, slot, masters)
+            if grad is None:
+                has_grad = [False] * len(subgroup.segments)
+            stepping = stepping or (grad is not None and any(has_grad))
+            views, states = self._views(subgroup, master_list, parts, grad, has_grad, scalars)
+            group = groups.setdefault(subgroup.group_index, {**hyper, "params": []})
+            group["params"].extend(views)
+            made.append((subgroup, parts, views))
+            preset.extend((view, states.get(i)) for i, view in enumerate(views))
+        # the user's arguments too: some classes read them, not the group, in __init__
+        # (Adagrad's initial_accumulator_value), as torch itself does
+        inner = self.cls(list(groups.values()), **self.kwargs)
+        for view, state in preset:
+            if state is not None:
+                inner.state[view] = state
+            elif not self.schema.eager:
+                inner.state.pop(view, None)
+        if stepping:
             inner.step()
-        return self._collect(subgroup, parts, inner, views)
+        out: dict[int, dict[str, Any]] = {}
+        for subgroup, parts, views in made:
+            out.update(self._collect(subgroup, parts, inner, views))
+        return out
 
     def _collect(
         self,

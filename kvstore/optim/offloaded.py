@@ -33,12 +33,23 @@ from kvstore.optim import state_dict as sd_io
 from kvstore.optim import transfer
 from kvstore.optim.checkpoints import CheckpointsMixin
 from kvstore.optim.inner import Grads, SubgroupStepper, sections
-from kvstore.optim.layout import OffloadError, Subgroup, build_layout
-from kvstore.optim.params_master import MASTERS, check_params_master, master_views
+from kvstore.optim.layout import OffloadError, Subgroup
+from kvstore.optim.opening import open_state, plan_layout
+from kvstore.optim.params_master import (
+    MASTERS,
+    check_params_master,
+    fp32_cpu,
+    master_views,
+    stored_master,
+)
 from kvstore.optim.pipeline import Staging
-from kvstore.optim.resident import ResidentStaging, ResidentState, alias_params, unalias_params
+from kvstore.optim.resident import (
+    ResidentStaging,
+    ResidentState,
+    step_resident,
+    unalias_params,
+)
 from kvstore.optim.schema import probe_schema, scalar_from_json
-from kvstore.optim.sizing import auto_subgroup_bytes, staging_slots
 from kvstore.optim.state_tier import StateTier
 from kvstore.optim.transfer import check_params, gather_grads, gather_params, scatter_params
 from kvstore.optim.versioned import VersionedState
@@ -59,16 +70,32 @@ class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
         create: make ``directory`` when missing (False: a missing directory is an error).
         subgroup_bytes: fp32 master bytes per streamed subgroup; None: sized from the model
             so the pipeline overlaps (about 16 subgroups of 8-64 MiB, sizing.py).
-        host_budget_bytes: bound on staging memory; default: 3 subgroups' objects + gradients.
+        host_budget_bytes: bound on staging memory; default: 4 subgroups' objects + gradients.
         runtime: the IORuntime (default: ``tiers.default_runtime()``).
         resident: the state in host buffers stepped in place (resident.py): no staging
             copies; host memory ``(1 + states) * 4`` bytes per parameter element. Default: on
             for ``tier="dram"`` (DRAM state is host memory either way), off otherwise.
         master: "tier" (an fp32 master stored with the states; reopening gives the parameters
-            back) or "params" (fp32 CPU parameters are the masters, only states are stored:
-            Adam moves 8 bytes per parameter, not 12; see params_master.py).
+            back), "params" (fp32 CPU parameters are the masters, only states are stored:
+            Adam moves 8 bytes per parameter, not 12; see params_master.py) or "auto" (the
+            default): a stored state's own mode, else "params" for fp32 CPU parameters on a
+            persistent tier, else "tier"; a reopen then pairs the parameters at the first
+            step, not at once (params_master.py).
     Raises OffloadError (a tiers.TierkitError) for what cannot be offloaded.
     """
+
+    # set by opening.plan_layout / open_state
+    subgroups: list[Subgroup]
+    subgroup_bytes: int
+    signature: dict[str, Any]
+    resident: bool
+    resumed: bool
+    _stepper: SubgroupStepper
+    _stored_sections: int
+    _sums: Callable[[Subgroup], int] | None
+    _object_bytes: int
+    _grad_bytes: int
+    _slots: int
 
     def __init__(
         self,
@@ -82,7 +109,7 @@ class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
         host_budget_bytes: int | None = None,
         runtime: IORuntime | None = None,
         resident: bool | None = None,
-        master: str = "tier",
+        master: str = "auto",
         **optimizer_kwargs: Any,
     ) -> None:
         self._tier: StateTier | None = None
@@ -97,63 +124,21 @@ class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
         self.device = check_params(self._params)
         if master not in MASTERS:
             raise OffloadError(f"master must be one of {MASTERS}, got {master!r}")
-        self.master = master
-        if master == "params":
-            check_params_master(self._params)
-        self.resident = tier == "dram" and master == "tier" if resident is None else resident
-        if self.resident and (tier != "dram" or master != "tier"):
-            raise OffloadError(f'resident=True needs tier="dram", master="tier"; got {tier!r}')
-        self._stored_sections = count = self.schema.sections - (master == "params")
-        if subgroup_bytes is None:
-            numel = sum(p.numel() for p in self._params)
-            subgroup_bytes = auto_subgroup_bytes(4 * numel, count, host_budget_bytes)
-        if isinstance(subgroup_bytes, bool) or not isinstance(subgroup_bytes, int):
-            raise OffloadError(f"subgroup_bytes must be an int, got {subgroup_bytes!r}")
-        self.subgroup_bytes = subgroup_bytes
-        split = not optimizer_kwargs.get("fused")  # layout.py: fused kernels round by position
-        numels = [[p.numel() for p in g["params"]] for g in self.param_groups]
-        self.subgroups = build_layout(numels, max(1, subgroup_bytes // 4), split_params=split)
-        self._stepper = SubgroupStepper(optimizer, dict(optimizer_kwargs), self.schema)
-        self.signature = self._signature(subgroup_bytes // 4, split)
-        self._sums = None if master == "tier" else self._param_sums
-        self.resumed_from = None
-        object_bytes = max((s.object_bytes(count) for s in self.subgroups), default=4096)
-        grad_bytes = max((s.stride * 4 for s in self.subgroups), default=4096)
-        slots = staging_slots(len(self.subgroups), object_bytes, grad_bytes, host_budget_bytes)
         runtime = runtime or default_runtime()
-        if self.resident:
-            self._open_resident(runtime, grad_bytes)
-            return
-        self._tier = StateTier(
-            tier,
-            directory,
-            create=create,
-            runtime=runtime,
-            state_bytes=sum(s.object_bytes(count) for s in self.subgroups),
-            in_flight_bytes=slots * object_bytes,
-        )
+        self._unpaired: str | None = None  # why the next step must pair the parameters first
+        self._deferred = master == "auto"  # auto: a reopen pairs at the first step, not here
         try:
-            pin = self.device.type == "cuda"
-            self._staging = Staging(runtime, object_bytes, slots, grad_bytes, pin)
-            self._versions = VersionedState(
-                self._tier, self._staging, self.subgroups, count, self.signature
+            if master == "auto":  # a stored state decides; else fp32 CPU params -> "params"
+                if not resident and tier != "dram" and fp32_cpu(self._params):
+                    self._tier = StateTier(tier, directory, create=create, runtime=runtime)
+                master = stored_master(self._tier)
+            self.master = master
+            if master == "params":
+                check_params_master(self._params)
+            plan_layout(
+                self, tier, subgroup_bytes, host_budget_bytes, resident, optimizer_kwargs, runtime
             )
-            self.resumed = self._versions.open(self._initial, self._sums)
-            if self.resumed:  # master="params": the parameters must be the state's weights
-                self._match_params() if master == "params" else self.load_params()
-            self._refresh_state()
-        except BaseException:
-            self.close()
-            raise
-
-    def _open_resident(self, runtime: IORuntime, grad_bytes: int) -> None:
-        try:
-            count = self.schema.sections
-            self._staging = ResidentStaging(runtime, self.subgroups, count, grad_bytes)
-            self._versions = ResidentState(self._staging, self.subgroups, self.signature)
-            self.resumed = self._versions.open(self._initial)
-            self._refresh_state()
-            self._aliased = alias_params(self.subgroups, self._params, self._staging)
+            open_state(self, tier, directory, create, runtime)
         except BaseException:
             self.close()
             raise
@@ -235,6 +220,8 @@ class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         versions = self.versions
+        if self._unpaired is not None:
+            self._pair_params(at_open=False)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -257,16 +244,23 @@ class OffloadedOptimizer(CheckpointsMixin, torch.optim.Optimizer):
             out = self._stepper.step(subgroup, buffer, grads, mask, hyper, committed, masters)
             if masters is not None:
                 return out  # the parameters were stepped in place
-            back = [
-                wanted and not self._is_aliased(s.param_index)
-                for s, wanted in zip(subgroup.segments, mask, strict=True)
-            ]
-            scatter_params(subgroup, self._params, sections(buffer, subgroup, 1)[0], back)
+            self._scatter(subgroup, buffer, mask)
             return out
 
-        versions.commit(todo, step_one, sums=self._sums)
+        if isinstance(versions, ResidentState):  # the whole state at hand: one inner step
+            versions.commit_together(todo, lambda todo: step_resident(self, todo, has_grad))
+        else:
+            versions.commit(todo, step_one, sums=self._sums)
         self._refresh_state()
         return loss
+
+    def _scatter(self, subgroup: Subgroup, buffer: torch.Tensor, mask: list[bool]) -> None:
+        """Copy a stepped subgroup's masters into its parameters that do not alias them."""
+        back = [
+            wanted and not self._is_aliased(s.param_index)
+            for s, wanted in zip(subgroup.segments, mask, strict=True)
+        ]
+        scatter_params(subgroup, self._params, sections(buffer, subgroup, 1)[0], back)
 
     # ------------------------------------------------------------------ state dicts
     def state_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ Crash story. The tier can no longer give the parameters back after a crash: they
 user's, saved with the model. So that states and parameters are never silently paired from
 different steps, every committed manifest (and named checkpoint) records, per subgroup, the
 sum of its parameters' raw fp32 bits as int32 (``param_sums``: exact, any changed element
-changes it; a few milliseconds per GB, computed on the CPU while the subgroup's I/O is in
+changes it; ~0.2 s of one core per GB with numpy, computed while the subgroup's I/O is in
 flight). On reopen the current parameters' sums are compared (``match_params``):
 
 * equal to the committed step's: resume it;
@@ -25,6 +25,14 @@ The recipe that always resumes after ``kill -9``: save the model's weights, then
 ``opt.checkpoint(name)`` (a manifest, no copy). ``restore(name)`` likewise requires the
 parameters to already hold that checkpoint's weights.
 
+``master="auto"`` (the default) is "params" for fp32 CPU parameters on a persistent tier with no
+state yet, the stored state's own mode when there is one (a directory written with "tier"
+reopens as "tier"), and "tier" otherwise. With "auto" a reopen whose parameters match nothing
+does not refuse at once: the weights are usually loaded after the optimizer is made (Hugging
+Face's Trainer loads the model's and then the optimizer's checkpoint), so the pairing runs again
+at the first ``step()`` (the same OffloadError if still unmatched) unless ``load_state_dict``
+(which replaces every state) or ``restore`` (which checks) comes first.
+
 Thread-safety: pure functions over the caller's tensors (one thread, as the optimizer).
 """
 
@@ -32,14 +40,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvstore.optim.layout import OffloadError, Subgroup
 from kvstore.optim.manifest import Manifest
+from kvstore.optim.state_tier import StateTier
 
-__all__ = ["MASTERS", "check_params_master", "master_views", "match_params", "param_sums"]
+__all__ = [
+    "MASTERS",
+    "check_params_master",
+    "fp32_cpu",
+    "master_views",
+    "match_params",
+    "param_sums",
+    "stored_master",
+]
 
-MASTERS = ("tier", "params")
+MASTERS = ("auto", "tier", "params")
+
+
+def fp32_cpu(params: Sequence[torch.Tensor]) -> bool:
+    """Every parameter is an fp32 CPU tensor (``master="params"`` can hold them)."""
+    return all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params)
+
+
+def stored_master(tier: StateTier | None) -> str:
+    """``master="auto"``: the mode of the state ``tier`` holds ("tier" for a state written
+    before "params" existed), "params" for an empty tier, "tier" for no tier (DRAM, or
+    parameters that are not all fp32 CPU: those need an fp32 master kept apart)."""
+    if tier is None:
+        return "tier"
+    found = tier.load_manifest()
+    if found is None:
+        return "params"
+    return "params" if found.signature.get("master") == "params" else "tier"
 
 
 def check_params_master(params: Sequence[torch.Tensor]) -> None:
@@ -63,7 +98,9 @@ def master_views(subgroup: Subgroup, params: Sequence[torch.Tensor]) -> list[tor
 def param_sums(subgroup: Subgroup, params: Sequence[torch.Tensor]) -> int:
     """Sum of the raw int32 bits of the subgroup's parameter pieces (an exact fingerprint)."""
     views = master_views(subgroup, params)
-    return sum(int(view.view(torch.int32).sum(dtype=torch.int64)) for view in views)
+    # numpy's integer sum, not torch's: the same exact int64, 5-15x faster on this CPU
+    # (torch's int32 -> int64 reduction cost 0.15-0.57 s per 200 MB, a second per step at 500M)
+    return sum(int(view.view(torch.int32).numpy().sum(dtype=np.int64)) for view in views)
 
 
 def match_params(

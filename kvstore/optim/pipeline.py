@@ -9,10 +9,13 @@ CUDA parameters the buffers are page-locked (``cudaHostRegister``) so the gradie
 and the weight copy up are DMA; that path is written but untested here (no GPU).
 
 ``stream`` runs ``read -> compute -> write`` over the subgroups: subgroup j uses slot
-``j % slots``; its read is issued one subgroup ahead, after waiting for the write of the
+``j % slots``; its read is issued ``ahead`` subgroups ahead, after waiting for the write of the
 subgroup that last used the slot (j - slots); the CPU step runs on the calling thread while the
-runtime's loop thread moves bytes. With 3 slots the three stages overlap fully; 2 overlap the
-read ahead only; 1 runs them in turn.
+runtime's loop thread moves bytes; computed subgroups are written ``batch`` at a time (one
+``put_many``: one submission, one durability point for the batch). With 3 slots (ahead 1,
+batch 1) the three stages overlap fully; 2 overlap the read ahead only; 1 runs them in turn;
+4 (the default, sizing.MAX_SLOTS) read two ahead; more write in batches too (``depth``),
+which keeps more requests in flight on the device.
 
 Thread-safety: a Staging belongs to one optimizer, used by one thread at a time.
 Invariants: a slot is never read into or computed on while I/O on it is in flight; ``stream``
@@ -31,7 +34,7 @@ import torch
 
 from tiers import IORuntime
 
-__all__ = ["Staging", "stream"]
+__all__ = ["Staging", "depth", "stream"]
 
 T = TypeVar("T")
 Future = concurrent.futures.Future
@@ -76,36 +79,64 @@ class Staging:
         self.slots = []
 
 
+def depth(slots: int) -> tuple[int, int]:
+    """(read-ahead, write batch) that ``slots`` staging slots allow with full overlap: a
+    batch being filled and one being written, and the reads ahead in the rest."""
+    batch = max(1, (slots - 1) // 2)
+    return max(1 if slots > 1 else 0, slots - 2 * batch), batch
+
+
 def stream(
     items: Sequence[T],
     slots: int,
     read: Callable[[T, int], Future[object]],
     compute: Callable[[T, int], None],
-    write: Callable[[T, int], Future[object] | None],
+    write: Callable[[list[tuple[T, int]]], Future[object] | None],
+    *,
+    ahead: int | None = None,
+    batch: int | None = None,
 ) -> None:
     """For each item in order: ``read(item, slot)``, then ``compute(item, slot)`` on this
-    thread, then ``write(item, slot)`` (None: nothing to write), pipelined as above."""
+    thread; every ``batch`` computed items go to one ``write([(item, slot), ...])`` (None:
+    nothing to write). Item j uses slot ``j % slots``; reads run ``ahead`` items ahead of
+    the compute (default and batch: ``depth(slots)``); a read into a slot first waits for
+    the write of the item that used it last (a batch not yet written is written first)."""
+    default_ahead, default_batch = depth(slots)
+    ahead = default_ahead if ahead is None else ahead
+    batch = max(1, default_batch if batch is None else batch)
     reads: dict[int, Future[object]] = {}
     writes: dict[int, Future[object]] = {}  # slot -> the write still using it
+    pending: list[tuple[T, int]] = []  # computed, not yet given to write
+    issued = 0
 
-    def issue_read(j: int) -> None:
-        slot = j % slots
-        pending = writes.pop(slot, None)
-        if pending is not None:
-            pending.result()
-        reads[j] = read(items[j], slot)
+    def flush() -> None:
+        if pending:
+            future = write(list(pending))
+            if future is not None:
+                writes.update((slot, future) for _, slot in pending)
+            pending.clear()
+
+    def issue_reads(upto: int) -> None:
+        nonlocal issued
+        while issued < min(upto, len(items)):
+            slot = issued % slots
+            if any(held == slot for _, held in pending):
+                flush()
+            pending_write = writes.pop(slot, None)
+            if pending_write is not None:
+                pending_write.result()
+            reads[issued] = read(items[issued], slot)
+            issued += 1
 
     try:
         for j, item in enumerate(items):
-            if j not in reads:
-                issue_read(j)
-            if slots > 1 and j + 1 < len(items):
-                issue_read(j + 1)
+            issue_reads(j + 1 + ahead)
             reads.pop(j).result()
             compute(item, j % slots)
-            written = write(item, j % slots)
-            if written is not None:
-                writes[j % slots] = written
+            pending.append((item, j % slots))
+            if len(pending) >= batch:
+                flush()
+        flush()
         for future in list(writes.values()):
             future.result()
     finally:

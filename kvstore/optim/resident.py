@@ -22,6 +22,9 @@ as it would torch's. A parameter whose storage is later replaced (``p.data = ...
 ``unalias_params`` gives every aliased parameter its own storage again before the buffers are
 given back at close.
 
+``step_resident`` steps every subgroup of a step with one inner optimizer (one fused kernel call
+per param group, as torch makes), since the whole state is at hand.
+
 ``ResidentStaging`` stands where pipeline.Staging does, with slot number == subgroup index;
 ``ResidentState`` stands where versioned.VersionedState does: ``commit``/``scan`` call
 ``compute(subgroup, subgroup.index)`` in turn and keep the manifest (step count, scalars) in
@@ -35,16 +38,27 @@ compute that raises leaves the subgroups it reached updated (as a DRAM tier step
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from kvstore.optim import transfer
+from kvstore.optim.inner import StepItem
 from kvstore.optim.layout import OffloadError, Subgroup
 from kvstore.optim.manifest import Manifest
 from tiers import IORuntime
 
-__all__ = ["ResidentStaging", "ResidentState", "alias_params", "unalias_params"]
+if TYPE_CHECKING:
+    from kvstore.optim.offloaded import OffloadedOptimizer
+
+__all__ = [
+    "ResidentStaging",
+    "ResidentState",
+    "alias_params",
+    "step_resident",
+    "unalias_params",
+]
 
 Compute = Callable[[Subgroup, int], Any]
 
@@ -127,6 +141,17 @@ class ResidentState:
             new.scalars.update(compute(subgroup, subgroup.index))
         self.manifest = new
 
+    def commit_together(
+        self,
+        todo: Sequence[Subgroup],
+        compute_all: Callable[[list[Subgroup]], dict[int, Any]],
+    ) -> None:
+        """``commit`` with one ``compute_all(todo)`` for every subgroup (one inner step)."""
+        old = self.manifest
+        new = Manifest(self.signature, old.step + 1, list(old.versions), dict(old.scalars))
+        new.scalars.update(compute_all(list(todo)))
+        self.manifest = new
+
     def collect_garbage(self) -> None:
         pass
 
@@ -167,3 +192,35 @@ def unalias_params(params: Sequence[torch.Tensor], aliased: dict[int, int]) -> N
         p = params[index]
         if p.data_ptr() == pointer:
             p.data = p.data.clone()
+
+
+def step_resident(
+    opt: OffloadedOptimizer, todo: list[Subgroup], has_grad: list[bool]
+) -> dict[int, Any]:
+    """Step the resident subgroups of ``todo`` with one inner optimizer: one fused kernel
+    call per param group over all of them, as torch's own step makes (an inner optimizer
+    per subgroup cost ~2 ms each: a 500M-parameter step was 1.19x torch's). A subgroup
+    whose gradients must be copied (not fp32 CPU tensors) uses the one gradient buffer,
+    so it steps alone, before the others."""
+    items: list[StepItem] = []
+    hypers: list[dict[str, Any]] = []
+    out: dict[int, Any] = {}
+    scalars = opt.versions.manifest.scalars
+    for subgroup in todo:
+        buffer = opt.staging.slot_fp32(subgroup.index, opt.schema.sections * subgroup.stride)
+        mask = [has_grad[s.param_index] for s in subgroup.segments]
+        alone = not transfer.grads_viewable(subgroup, opt._params, mask)
+        grad = opt.staging.grad_fp32(subgroup.stride)
+        grads = transfer.grad_views(subgroup, opt._params, grad, mask)
+        if alone:
+            hyper = opt._hyper(subgroup)
+            out |= opt._stepper.step(subgroup, buffer, grads, mask, hyper, scalars)
+            opt._scatter(subgroup, buffer, mask)
+        else:
+            items.append((subgroup, buffer, grads, mask, None))
+            hypers.append(opt._hyper(subgroup))
+    if items:
+        out |= opt._stepper.step_many(items, hypers, scalars)
+    for subgroup, buffer, _, mask, _ in items:
+        opt._scatter(subgroup, buffer, mask)
+    return out

@@ -176,6 +176,7 @@ def import_state(opt: OffloadedOptimizer, state_dict: dict[str, Any]) -> None:
         return opt._stepper.step(subgroup, buffer, None, [], hyper, scalars, views)
 
     opt.versions.commit(opt.subgroups, fill, read=False, scalars={}, sums=opt._sums)
+    opt._unpaired = None  # every state replaced, paired with the parameters as they are now
     opt._refresh_state()
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)

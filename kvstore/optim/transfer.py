@@ -19,7 +19,14 @@ import torch
 
 from kvstore.optim.layout import OffloadError, Subgroup
 
-__all__ = ["check_params", "gather_grads", "gather_params", "grad_views", "scatter_params"]
+__all__ = [
+    "check_params",
+    "gather_grads",
+    "gather_params",
+    "grad_views",
+    "grads_viewable",
+    "scatter_params",
+]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -69,6 +76,26 @@ def gather_grads(
         _sync(device)
 
 
+def _viewable(grad: torch.Tensor) -> bool:
+    return (
+        grad.dtype == torch.float32
+        and grad.device.type == "cpu"
+        and grad.layout == torch.strided
+        and grad.is_contiguous()
+    )
+
+
+def grads_viewable(
+    subgroup: Subgroup, params: Sequence[torch.Tensor], has_grad: list[bool]
+) -> bool:
+    """Whether ``grad_views`` gives every stepped segment a view (no gradient buffer used)."""
+    for segment, with_grad in zip(subgroup.segments, has_grad, strict=True):
+        source = params[segment.param_index].grad if with_grad else None
+        if source is not None and not _viewable(source):
+            return False
+    return True
+
+
 def grad_views(
     subgroup: Subgroup, params: Sequence[torch.Tensor], grad: torch.Tensor, has_grad: list[bool]
 ) -> list[torch.Tensor | None]:
@@ -83,12 +110,7 @@ def grad_views(
             views.append(None)
             continue
         span = slice(segment.offset, segment.offset + segment.length)
-        if (
-            source.dtype == torch.float32
-            and source.device.type == "cpu"
-            and source.layout == torch.strided
-            and source.is_contiguous()
-        ):
+        if _viewable(source):
             views.append(source.view(-1)[segment.start : segment.start + segment.length])
         else:
             copy[i] = True

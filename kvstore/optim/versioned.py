@@ -82,7 +82,7 @@ class VersionedState:
     def scan(self, compute: Callable[[Subgroup, int], None]) -> None:
         """Read every committed subgroup in turn and ``compute`` on it; nothing is written."""
         slots = len(self.staging.slots)
-        stream(self.subgroups, slots, self.read_committed, compute, lambda s, i: None)
+        stream(self.subgroups, slots, self.read_committed, compute, lambda batch: None)
 
     def commit(
         self,
@@ -114,15 +114,18 @@ class VersionedState:
                 assert new.param_sums is not None
                 new.param_sums[subgroup.index] = sums(subgroup)
 
-        def write_one(subgroup: Subgroup, slot: int) -> Any:
-            previous = object_key(subgroup.index, old.versions[subgroup.index])
-            new.versions[subgroup.index] = version
-            drop = None if first or tier.persistent or previous in keep else previous
-            key = object_key(subgroup.index, version)
-            return tier.write(key, self._slot_bytes(subgroup, slot), drop)
+        def write_batch(batch: list[tuple[Subgroup, int]]) -> Any:
+            objects = []
+            for subgroup, slot in batch:
+                previous = object_key(subgroup.index, old.versions[subgroup.index])
+                new.versions[subgroup.index] = version
+                drop = None if first or tier.persistent or previous in keep else previous
+                key = object_key(subgroup.index, version)
+                objects.append((key, self._slot_bytes(subgroup, slot), drop))
+            return tier.write_many(objects)
 
         slots = len(self.staging.slots)
-        stream(todo, slots, self.read_committed if read else no_read, compute_one, write_one)
+        stream(todo, slots, self.read_committed if read else no_read, compute_one, write_batch)
         tier.save_manifest(new)
         self.manifest = new
         if tier.persistent and not first:

@@ -120,3 +120,24 @@ def test_fp32_parameters_are_their_masters_and_stay_safe() -> None:
     for p in model.parameters():
         assert not any(lo <= p.data_ptr() < hi for lo, hi in buffers)
     assert all(torch.equal(a, p) for a, p in zip(after, reference.parameters(), strict=True))
+
+
+def test_a_step_makes_one_inner_step_call_over_every_subgroup() -> None:
+    """Resident state steps all subgroups with one inner optimizer (one fused kernel call per
+    param group, as torch's own step), not one per subgroup."""
+    calls: list[int] = []
+
+    class Counted(torch.optim.AdamW):
+        def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+            calls.append(len(self.param_groups))
+            return super().step(closure)
+
+    model, reference = make_model(), make_model()
+    ref = torch.optim.AdamW(groups(reference), lr=0.01)
+    with OffloadedOptimizer(groups(model), Counted, subgroup_bytes=4 * 97, lr=0.01) as opt:
+        assert len(opt.subgroups) > 4
+        calls.clear()
+        train(model, opt, 3, schedule="constant")
+        train(reference, ref, 3, schedule="constant")
+        assert calls == [2, 2, 2]  # the model's two param groups, once a step
+        assert same_params(model, reference)
