@@ -6,9 +6,10 @@ parameter of state in memory, 12 on disk, twice that for fio's files); ``--quick
 two minutes, DeepSpeed only if .venv-deepspeed exists (full mode builds it first, cached).
 
 Systems: torch's fused AdamW in memory; ours in DRAM (resident, the default); ours on NVMe with
-``master="params"`` (``ours-nvme``: the fp32 parameters are the masters, the tier holds the two
-moments, 8 bytes per parameter each way) and with ``master="tier"`` (``ours-nvme-tier``: an fp32
-master too, 12); fio moving ours-nvme's bytes; DeepSpeed ZeRO-2 cpu and ZeRO-3 nvme offload.
+the default ``master="auto"``, which is "params" for this fp32 CPU model (``ours-nvme``: the fp32
+parameters are the masters, the tier holds the two moments, 8 bytes per parameter each way) and
+with ``master="tier"`` (``ours-nvme-tier``: an fp32 master too, 12); fio moving ours-nvme's
+bytes; DeepSpeed ZeRO-2 cpu and ZeRO-3 nvme offload.
 Subgroups are sized by ours (``subgroup_bytes=None``) unless ``--subgroup-bytes`` is given;
 DeepSpeed's ``sub_group_size`` and fio's block follow them.
 
