@@ -67,8 +67,9 @@ class KVBlockStore(BlockLoads):
         self._lock = asyncio.Lock()
         self.counters = dict.fromkeys(
             ("lookups", "hit_blocks", "miss_blocks", "stored_blocks", "evicted_blocks",
-             "loaded_blocks", "corrupt_blocks", "rejected_blocks"), 0,
+             "loaded_blocks", "corrupt_blocks", "rejected_blocks", "declined_blocks"), 0,
         )  # fmt: skip
+        self._policy.size_for(store.tiers[-1].capacity_bytes // self.object_bytes)
         self._policy.admit_many(self._index.rebuild(store.keys("kv/")))
 
     @classmethod
@@ -119,10 +120,13 @@ class KVBlockStore(BlockLoads):
 
     async def lookup(self, hashes: Iterable[bytes], *, touch: bool = True) -> int:
         """How many of ``hashes``, from the first, are cached (no I/O). With ``touch`` those
-        count as used (the policy's hit); without, the call changes nothing (vLLM's scheduler
-        asks again and again about one request: its load touches instead)."""
+        count as used (the policy's hit); without, no block's standing changes (vLLM's
+        scheduler asks again and again about one request: its load touches instead). Either
+        way an admission filter learns that the chain was asked for."""
         chain = check_hashes(hashes)
         count = self._index.prefix_length(chain)
+        if self._policy.admission is not None:
+            self._policy.admission.looked_up(chain)
         if not touch:
             return count
         self._touch(chain[:count])
@@ -149,8 +153,10 @@ class KVBlockStore(BlockLoads):
         """Store the blocks of a chain: ``blocks[i]`` under ``hashes[i]``, whose parent is
         ``hashes[i - 1]`` (``parent`` for the first). Blocks already cached are skipped;
         room is made by evicting other blocks. Returns how many were stored: fewer than
-        asked only when pinned blocks leave too little room (the chain's first blocks are
-        stored then, since a later block is useless without them)."""
+        asked when the policy's admission filter declines the chain's last blocks (counted
+        in ``declined_blocks``), or when pinned blocks leave too little room (counted in
+        ``rejected_blocks``); either way the chain's first blocks are the ones stored, since
+        a later block is useless without them."""
         chain = check_hashes(hashes)
         parents = [check_hashes([parent])[0] if parent is not None else None, *chain[:-1]]
         self._check_blocks(blocks, len(chain), "blocks")
@@ -161,10 +167,17 @@ class KVBlockStore(BlockLoads):
                     fresh[block_hash] = slot
             if not fresh:
                 return 0
+            offered = list(fresh.values())
+            admission = self._policy.admission
+            admitted = len(offered)
+            if admission is not None:
+                admitted = admission.admit_count(len(chain), offered)
+                admission.offered(((chain[s], len(chain) - 1 - s) for s in offered), admitted)
+                self.counters["declined_blocks"] += len(offered) - admitted
             protected = {info.key for h in (*chain, parents[0]) if (info := self._info(h))}
-            count = await self._make_room(len(fresh), protected)
-            slots = list(fresh.values())[:count]
-            self.counters["rejected_blocks"] += len(fresh) - count
+            count = await self._make_room(admitted, protected) if admitted else 0
+            slots = offered[:count]
+            self.counters["rejected_blocks"] += admitted - count
             if not slots:
                 return 0
             payloads = await self._encode([blocks[slot] for slot in slots])
@@ -262,6 +275,9 @@ class KVBlockStore(BlockLoads):
             "namespace": self._index.namespace,
             "tiers": tiers,
             **self.counters,
+            "admission_reuse_rates": (
+                self._policy.admission.rates() if self._policy.admission is not None else None
+            ),
         }
 
     async def aclose(self) -> None:

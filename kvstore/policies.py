@@ -16,6 +16,9 @@ caller has freed enough (the caller skips pinned blocks).
   its last cached child leaves. A block whose descendants are cached is worth at least as
   much as they are: every hit on them is a hit on it. When every leaf is pinned it falls
   back to the same order over the rest.
+* ``prefix-admit``: ``prefix`` behind a learned admission filter (kvstore.admission): the
+  blocks of a ``store`` whose class (position from the chain's end) is reused far less than
+  the average are not cached at all, so one-use blocks do not push out reused ones.
 
 Concurrency: not thread-safe; owned by one KVBlockStore (its loop thread).
 """
@@ -28,6 +31,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 
+from kvstore.admission import AdmissionFilter
 from tiers import InvalidArgumentError
 from tiers.store import CostAwarePolicy, LruPolicy
 
@@ -43,6 +47,11 @@ def recompute_cost(depth: int) -> float:
 
 class BlockPolicy(abc.ABC):
     name = "abstract"
+    # which stored blocks to cache at all; None: every block that fits
+    admission: AdmissionFilter | None = None
+
+    def size_for(self, capacity_blocks: int) -> None:  # noqa: B027 (optional hook)
+        """Told once by the store: how many blocks its last tier holds."""
 
     @abc.abstractmethod
     def admit(self, key: str, parent: str | None, depth: int) -> None: ...
@@ -201,10 +210,28 @@ class PrefixBlockPolicy(BlockPolicy):
                 yield key
 
 
+class PrefixAdmitBlockPolicy(PrefixBlockPolicy):
+    """``prefix`` eviction behind an AdmissionFilter whose learning window is half the
+    store's capacity in blocks (at most ``MAX_WINDOW_BLOCKS``): a block is judged by whether
+    it is reused within a time the cache would have kept it."""
+
+    name = "prefix-admit"
+    MAX_WINDOW_BLOCKS = 1 << 18  # ~40 MB of hashes at most, whatever the store's size
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admission = AdmissionFilter()
+
+    def size_for(self, capacity_blocks: int) -> None:
+        window = max(1, min(capacity_blocks // 2, self.MAX_WINDOW_BLOCKS))
+        self.admission = AdmissionFilter(window)
+
+
 BLOCK_POLICIES: dict[str, Callable[[], BlockPolicy]] = {
     "lru": LruBlockPolicy,
     "cost": CostBlockPolicy,
     "prefix": PrefixBlockPolicy,
+    "prefix-admit": PrefixAdmitBlockPolicy,
 }
 
 

@@ -33,7 +33,7 @@ from benchmarks.kvstore.replay import (
 
 __all__ = ["POLICIES", "capacity_cell", "replay_policy"]
 
-POLICIES = ("lru", "cost", "prefix")
+POLICIES = ("lru", "cost", "prefix", "prefix-admit")
 
 
 async def replay_policy(
@@ -80,6 +80,7 @@ async def replay_policy(
     result["tier"] = tier
     result["evicted_blocks"] = stats["evicted_blocks"]
     result["rejected_blocks"] = stats["rejected_blocks"]
+    result["declined_blocks"] = stats["declined_blocks"]
     if tier != "disk":
         result.pop("disk_overrun_bytes")
         result.pop("max_directory_bytes")

@@ -67,17 +67,19 @@ def tables(figures: dict[str, Any]) -> list[str]:
     """Markdown tables for stdout and RESULTS.md."""
     lines = []
     if figures["hit_rates"]:
+        names = list(figures["hit_rates"][0]["policies"])
         lines += [
-            "| capacity (blocks) | Belady (bound) | LRU model | lru | cost | prefix |"
-            " best / Belady | best / LRU model |",
-            "|---|---|---|---|---|---|---|---|",
+            "| capacity (blocks) | Belady (bound) | LRU model | "
+            + " | ".join(names)
+            + " | best / Belady | best / LRU model |",
+            "|---|---|---|" + "---|" * len(names) + "---|---|",
         ]
     for cell in figures["hit_rates"]:
         policies = cell["policies"]
         lines.append(
             f"| {cell['fraction']:.0%} ({cell['capacity_blocks']:,}) | "
             f"{cell['belady_block_hit_rate']:.4f} | {cell['lru_model_hit_rate']:.4f} | "
-            + " | ".join(f"{policies[p]['hit_rate']:.4f}" for p in ("lru", "cost", "prefix"))
+            + " | ".join(f"{result['hit_rate']:.4f}" for result in policies.values())
             + f" | {cell['best_vs_belady']} ({cell['best_policy']}) | {cell['best_vs_lru_model']} |"
         )
     throughput = figures.get("throughput")

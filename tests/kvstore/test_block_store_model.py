@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvstore import KVBlockStore
+from kvstore.admission import AdmissionFilter
 from tests.kvstore.blocks import BLOCK_BYTES, FP, blocks_of, chain, disk_for
 
 CAPACITY_BLOCKS = 10
@@ -50,11 +51,15 @@ class BlockStoreMachine(RuleBasedStateMachine):
         hashes = CHAINS[which][start : start + length]
         parent = CHAINS[which][start - 1] if start else None
         room = CAPACITY_BLOCKS - sum(1 for h in self.pinned if h not in hashes)
+        declined_before = self.store.stats()["declined_blocks"]
+        fresh = [h for h in hashes if h not in self.store]
         stored = self.run(self.store.store(hashes, blocks_of(hashes), parent=parent))
+        declined = self.store.stats()["declined_blocks"] - declined_before
         new = [h for h in hashes if h in self.store]
         assert stored <= len(hashes)
-        if len(hashes) <= room:
-            assert len(new) == len(hashes)  # it fitted: the whole chain is cached
+        if len(hashes) <= room:  # it fitted: the whole chain is cached, but what was declined
+            assert len(new) + declined == len(hashes)
+            assert all(h not in self.store for h in fresh[len(fresh) - declined :])
 
     @rule(which=st.integers(0, 5))
     def lookup_and_load(self, which: int) -> None:
@@ -122,6 +127,20 @@ _SETTINGS = settings(
 )  # fmt: skip
 
 
+class AdmitBlockStoreMachine(BlockStoreMachine):
+    """``prefix-admit`` with a filter that starts out having learned that a chain's last
+    block is never reused, so that it declines within a short run (and learns on)."""
+
+    policy = "prefix-admit"
+
+    def _open(self) -> KVBlockStore:
+        store = super()._open()
+        gate = AdmissionFilter(16, ratio=0.5, min_reuses=1, min_offers=1)
+        gate.offers[0], gate.offers[1], gate.reuses[1] = 40.0, 40.0, 20.0
+        store._policy.admission = gate
+        return store
+
+
 class LruBlockStoreMachine(BlockStoreMachine):
     policy = "lru"
 
@@ -132,6 +151,8 @@ class CostBlockStoreMachine(BlockStoreMachine):
 
 TestPrefixBlockStore = BlockStoreMachine.TestCase
 TestPrefixBlockStore.settings = _SETTINGS
+TestAdmitBlockStore = AdmitBlockStoreMachine.TestCase
+TestAdmitBlockStore.settings = _SETTINGS
 TestLruBlockStore = LruBlockStoreMachine.TestCase
 TestLruBlockStore.settings = settings(_SETTINGS, max_examples=8)
 TestCostBlockStore = CostBlockStoreMachine.TestCase
