@@ -2,11 +2,13 @@
 
 ``load`` reads the leading run of cached blocks of a chain straight into the caller's tensor
 with one ``get_many`` (one engine submission on NVMe, each record's checksum verified);
-``load_layer`` reads one layer of many blocks, a byte range of each, gathered into shared
-submissions by the NVMe tier, which reads and checks only the chunks of each block's record that
-cover the layer (a block of 1 MiB or more is a chunked record: tiers.nvme.chunks), so a layer
-costs its own bytes, not its block's. With a codec the bytes land in a staging buffer and are
-decoded into the caller's tensor.
+``load_layer`` reads one layer of many blocks, a byte range of each: the blocks the NVMe tier
+serves with one ``get_many(byte_ranges=...)`` of that tier (one submission, planned over arrays,
+read in place where the destination is page-aligned; the tiered store's hit counters do not see
+these reads), a block with a DRAM copy through the tiered store. The tier reads and checks only
+the chunks of each record that cover the layer (a block of 1 MiB or more is a chunked record:
+tiers.nvme.chunks), so a layer costs its own bytes, not its block's. With a codec the bytes land
+in a staging buffer and are decoded into the caller's tensor.
 
 A record that fails its checksum raises CorruptionError inside the tier; here the batch is
 read again key by key, every damaged block is deleted and counted, and the load stops before
@@ -26,6 +28,7 @@ import torch
 
 from kvstore.block_index import BlockIndex, BlockInfo, check_hashes
 from tiers import CorruptionError, InvalidArgumentError
+from tiers.nvme import NvmeTier
 
 if TYPE_CHECKING:
     from kvstore.fingerprint import ModelFingerprint
@@ -102,21 +105,52 @@ class BlockLoads:
         count = self._index.prefix_length(chain)
         span = (layer * fingerprint.layer_bytes, fingerprint.layer_bytes)
         cpu = into if into.device.type == "cpu" else torch.empty_like(into, device="cpu")
-
-        async def one(slot: int) -> Any:
-            key = self._index.blocks[chain[slot]].key
-            try:
-                return await self._store.get(key, into=cpu[slot], byte_range=span)
-            except CorruptionError:
-                await self._damaged(chain[slot])
-                return None
-
-        results = await asyncio.gather(*(one(slot) for slot in range(count)))
+        keys = [self._index.blocks[h].key for h in chain[:count]]
+        results = await self._read_ranges(chain, keys, [cpu[i] for i in range(count)], span)
         loaded = _leading(results)
         if cpu is not into:
             into[:loaded].copy_(cpu[:loaded])
         self.counters["loaded_blocks"] += loaded
         return loaded
+
+    async def _read_ranges(
+        self, chain: list[bytes], keys: list[str], outs: list[Any], span: tuple[int, int]
+    ) -> list[Any]:
+        """``span`` of each key's block into its ``outs``: the blocks that the NVMe tier
+        serves in one ``get_many`` with byte ranges (one submission, planned over arrays, a
+        chunked record's range read in place when its destination allows), the others (a
+        DRAM copy) by the tiered store's ``get``. Why not one gathered ``get`` per block:
+        each of those is planned as its own record read and staged, then copied out (see
+        benchmarks.kvstore.layer_loads)."""
+        tier = self._store.tiers[-1]
+        nvme = tier if isinstance(tier, NvmeTier) else None
+        batched: list[int] = []
+        if nvme is not None:
+            batched = [s for s, key in enumerate(keys) if self._store.tier_of(key) == nvme.name]
+        results: list[Any] = [None] * len(keys)
+
+        async def one(slot: int) -> None:
+            try:
+                results[slot] = await self._store.get(keys[slot], into=outs[slot], byte_range=span)
+            except CorruptionError:
+                await self._damaged(chain[slot])
+
+        async def batch() -> None:
+            assert nvme is not None
+            try:
+                got = await nvme.get_many(
+                    [keys[s] for s in batched], [outs[s] for s in batched],
+                    byte_ranges=[span] * len(batched),
+                )  # fmt: skip
+            except CorruptionError:  # find the damaged ones, key by key
+                await asyncio.gather(*(one(slot) for slot in batched))
+                return
+            for slot, value in zip(batched, got, strict=True):
+                results[slot] = value
+
+        singles = sorted(set(range(len(keys))).difference(batched))
+        await asyncio.gather(*(one(slot) for slot in singles), *([batch()] if batched else []))
+        return results
 
     async def _read(self, chain: list[bytes], keys: list[str], outs: list[Any]) -> int:
         try:

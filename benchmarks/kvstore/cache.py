@@ -9,7 +9,11 @@ Sections (each module's docstring has the details):
   and 25% of its unique blocks, beside Belady's MIN and a plain LRU. Blocks are scaled to 4
   KiB (the hit rate depends only on how many blocks fit); the full run replays the 10% cell
   on the NVMe tier (and again on DRAM, to show the decisions are the same), the others on a
-  DRAM tier; ``--quick`` replays the first 2,000 requests, all on DRAM.
+  DRAM tier; ``--quick`` replays the whole trace too, all on DRAM (a prefix of the trace is
+  not a smaller copy of it: its reuse distances are the whole trace's, its capacities 10% of
+  fewer blocks, so its ratios to Belady are far lower), and checks the restart on the first
+  2,000 requests (with and without it, on disk). ``admission_sweep.py`` shows how the
+  ``prefix-admit`` policy's parameters were picked on the trace's first half.
 * throughput (throughput.py): 64 MiB blocks of a 7B model (Mistral-7B-like) through
   ``store``/``load``/``load_layer`` vs the same bytes through ``tiers.open_store``
   ``put_many``/``get_many``/``get(byte_range)``, alternating rounds.
@@ -25,7 +29,7 @@ Sections (each module's docstring has the details):
 Tables go to stdout, progress to stderr; the last line is one JSON object (the issue's keys,
 per-policy hit rates, every section's raw figures, ``machine``, ``mode``, ``trace``).
 
-    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.kvstore.cache --quick  # ~2 min
+    flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.kvstore.cache --quick  # ~4 min
     flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.kvstore.cache          # ~20 min
 
 ``--smoke`` (the test suite's): 300 requests of the synthetic trace, 64 KiB blocks for the
@@ -50,7 +54,7 @@ from typing import Any
 from benchmarks.common.paths import OUT_DIR
 from benchmarks.common.scratch import remove_at_exit
 from benchmarks.kvstore import report
-from benchmarks.kvstore.hit_rates import capacity_cell
+from benchmarks.kvstore.hit_rates import capacity_cell, replay_policy
 from benchmarks.kvstore.kivi_figures import kivi_figures
 from benchmarks.kvstore.reopen import measure_reopen, restart_hit_rates
 from benchmarks.kvstore.throughput import FP_7B, measure_throughput
@@ -69,16 +73,26 @@ SECTIONS = ("hit_rates", "throughput", "reopen", "restart", "kivi")
 @dataclass(frozen=True)
 class Plan:
     requests: int | None  # replay the first N requests (None: all)
+    restart_requests: int | None  # the restart check's first N requests (None: as requests)
     tp_blocks: int  # throughput: blocks per op
     tp_rounds: int  # throughput: timed rounds
     tp_layers: int  # throughput: layers load_layer reads
     reopen: tuple[int, ...]  # block counts to reopen
 
 
-_QUICK = Plan(requests=2_000, tp_blocks=4, tp_rounds=3, tp_layers=2, reopen=(20_000,))
-_FULL = Plan(requests=None, tp_blocks=16, tp_rounds=5, tp_layers=8, reopen=(200_000, 1_000_000))
+_QUICK = Plan(
+    requests=None, restart_requests=2_000, tp_blocks=4, tp_rounds=4, tp_layers=2,
+    reopen=(20_000,),
+)  # fmt: skip
+_FULL = Plan(
+    requests=None, restart_requests=None, tp_blocks=16, tp_rounds=6, tp_layers=8,
+    reopen=(200_000, 1_000_000),
+)  # fmt: skip
 # --smoke (the test suite's): the synthetic trace, 64 KiB "real" blocks; figures mean nothing
-_SMOKE = Plan(requests=300, tp_blocks=2, tp_rounds=1, tp_layers=1, reopen=(2_000,))
+_SMOKE = Plan(
+    requests=300, restart_requests=None, tp_blocks=2, tp_rounds=2, tp_layers=1,
+    reopen=(2_000,),
+)  # fmt: skip
 _SMOKE_FP = ModelFingerprint(
     model="bench-smoke", dtype="bfloat16", num_layers=4, block_tokens=32, num_kv_heads=2,
     head_dim=64,
@@ -152,11 +166,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ten = next((c for c in figures["hit_rates"] if c["fraction"] == 0.10), None)
     if "restart" not in skip and ten is not None:
         policy = ten["best_policy"]
-        _progress(f"restart mid-trace ({policy}, disk)")
-        restart = await restart_hit_rates(
-            work / "restart", trace.requests, ten["capacity_blocks"], policy
-        )
-        no_restart = ten["policies"][policy]["second_half_hit_rate"]
+        requests, capacity_blocks = trace.requests, ten["capacity_blocks"]
+        if plan.restart_requests and plan.restart_requests < len(requests):
+            requests = requests[: plan.restart_requests]
+            unique = len({block for chain in requests for block in chain})
+            capacity_blocks = max(1, round(unique * 0.10))
+        _progress(f"restart mid-trace ({policy}, disk, {len(requests):,} requests)")
+        restart = await restart_hit_rates(work / "restart", requests, capacity_blocks, policy)
+        if requests is trace.requests:
+            no_restart = ten["policies"][policy]["second_half_hit_rate"]
+        else:  # the same prefix of the trace on disk, without the restart
+            twin = await replay_policy(work, requests, capacity_blocks, policy, "disk")
+            no_restart = twin["second_half_hit_rate"]
+        restart["requests"] = len(requests)
         restart["second_half_hit_rate_no_restart"] = no_restart
         restart["restart_vs_no_restart"] = (
             round(restart["second_half_hit_rate_restart"] / no_restart, 4) if no_restart else None

@@ -11,12 +11,15 @@ on the same bytes and the same block count:
 * load_layer: every layer once, ``KVBlockStore.load_layer(hashes, layer, into)`` vs the
   tier's ``get(key, into=..., byte_range=layer span)`` of each block, gathered;
 
-the two sides run back to back, which goes first alternating by round; then both drop the
-round's blocks. GB/s is 10**9 bytes per second; the report gives medians, min-max, and the
-ratio of medians (store / raw). ``load_layer_gbps_vs_load`` is the KV store's load_layer rate
-over its whole-block load rate, both per byte moved to the caller (median over median; the
-per-round ratios' median and spread beside it): 1 when a layer read costs its bytes' share
-of a block read, ~1/32 when every layer read reads and checks the whole block.
+the two sides run back to back, in ABBA order over the rounds (round r runs the KV store
+first when r % 4 is 0 or 3, the raw tier first otherwise; the round count must be even, so
+each side runs first as often as second, and a drift over the run weighs on both alike),
+after one untimed warm-up round; then both drop the round's blocks. GB/s is 10**9 bytes per
+second; the report gives medians, min-max, and the ratio of medians (store / raw).
+``load_layer_gbps_vs_load`` is the KV store's load_layer rate over its whole-block load rate,
+both per byte moved to the caller (median over median; the per-round ratios' median and
+spread beside it): 1 when a layer read costs its bytes' share of a block read, ~1/32 when
+every layer read reads and checks the whole block.
 
 Thread-safety: one asyncio loop; run as part of the benchmark.
 """
@@ -71,6 +74,8 @@ async def measure_throughput(
     """Per-op GB/s of the KV store and of the raw tier over ``rounds`` timed rounds, after
     one untimed warm-up round (the first writes grow fresh extent files); load_layer reads
     ``layers`` layers spread over the model."""
+    if rounds < 2 or rounds % 2:
+        raise ValueError(f"rounds must be even and >= 2 (ABBA order), got {rounds}")
     picked = list(range(0, fingerprint.num_layers, max(1, fingerprint.num_layers // layers)))
     picked = picked[:layers]
     capacity_bytes = 2 * blocks * fingerprint.block_bytes
@@ -93,7 +98,7 @@ async def measure_throughput(
             hashes = [f"r{round_index}-b{i}".encode() for i in range(blocks)]
             keys = [f"raw/r{round_index}/b{i}" for i in range(blocks)]
             sides = _round_actions(kv, raw, fingerprint, picked, hashes, keys, source, into)
-            order = ("kv", "raw") if round_index % 2 == 0 else ("raw", "kv")
+            order = ("kv", "raw") if round_index % 4 in (0, 3) else ("raw", "kv")
             for op in _OPS:
                 for side in order:
                     elapsed_s = await _timed(sides[f"{side}_{op}"])
@@ -117,6 +122,7 @@ async def measure_throughput(
         "block_bytes": fingerprint.block_bytes,
         "blocks": blocks,
         "rounds": rounds,
+        "order": "ABBA: kv first in rounds 0, 3, 4, 7, ...; one untimed warm-up round",
         "bytes_per_op": total_bytes,
         "load_layer_layers": picked,
         "load_layer_bytes_per_op": blocks * len(picked) * fingerprint.layer_bytes,
