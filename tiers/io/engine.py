@@ -316,13 +316,13 @@ class IOEngine(abc.ABC):
         """``count`` requests on ``file`` are no longer in flight: wake its drain waiters."""
         file.inflight -= count
         if not file.inflight:
-            _wake_all(file._drained)
+            wake_all(file._drained)
 
     def _settle_batch(self, requests: int) -> None:
         """A batch (or a gathered single request) finished: count it, wake engine drains."""
         self._inflight_batches -= 1
         if not self._inflight_batches:
-            _wake_all(self._drained)
+            wake_all(self._drained)
         self.counters["batches"] += 1
         self.counters["requests"] += requests
 
@@ -387,7 +387,7 @@ class IOEngine(abc.ABC):
         return {"engine": self.name, "queue_depth": self.queue_depth, **self.counters}
 
 
-def _wake_all(waiters: list[asyncio.Future[None]]) -> None:
+def wake_all(waiters: list[asyncio.Future[None]]) -> None:
     for waiter in waiters:
         if not waiter.done():
             waiter.set_result(None)

@@ -7,7 +7,7 @@ import mmap
 import numpy as np
 import pytest
 
-from tiers.io.buffers import aligned_empty, as_buffer
+from tiers.io.buffers import aligned_empty, array_address, as_buffer
 from tiers.io.errors import InvalidArgumentError
 
 
@@ -56,3 +56,24 @@ def test_read_only_and_non_buffers() -> None:
         as_buffer(object())
     with pytest.raises(InvalidArgumentError):
         as_buffer(np.zeros((4, 4))[:, 0])
+
+
+def _interface_address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def test_array_address_is_right_for_views_and_for_arrays_that_move() -> None:
+    """Views' addresses are remembered by id; a new view that reuses a dead view's id, and an
+    array whose own memory moved (``resize``), must still get their true address."""
+    base = np.zeros(1 << 16, np.uint8)
+    for start in range(0, 1 << 16, 4096):  # each view dies at once: ids get reused
+        view = base[start : start + 4096]
+        assert array_address(view) == _interface_address(view)
+        assert as_buffer(view).address == _interface_address(view)
+        frozen = base[start : start + 8]
+        frozen.flags.writeable = False
+        assert not as_buffer(frozen).writable  # writability is read per call, never remembered
+    owner = np.zeros(4096, np.uint8)
+    assert array_address(owner) == _interface_address(owner)
+    owner.resize(1 << 22, refcheck=False)  # realloc: the memory may move
+    assert array_address(owner) == _interface_address(owner)

@@ -63,13 +63,18 @@ def test_queue_depth_bounds_requests_in_flight(tmp_path: Path) -> None:
     async def body() -> None:
         engine = UringEngine(4)
         file = await engine.open(path)
-        original = engine._push
+        push, dequeue = engine._push, engine._dequeue_singles
 
         def spy(*args, **kwargs):  # records the in-flight count after every push
-            original(*args, **kwargs)
+            push(*args, **kwargs)
+            seen.append(engine._inflight)
+
+        def dequeue_spy(count: int) -> None:  # the compiled loop filled slots from the queue
+            dequeue(count)
             seen.append(engine._inflight)
 
         engine._push = spy  # type: ignore[method-assign]
+        engine._dequeue_singles = dequeue_spy  # type: ignore[method-assign]
         buffers = np.zeros((50, 512), np.uint8)
         await asyncio.gather(*(engine.read_into(file, i * 512, buffers[i]) for i in range(50)))
         assert all(buffers[i].tobytes() == (bytes(range(256)) * 2) for i in range(50))

@@ -32,6 +32,7 @@ import numpy as np
 from tiers.io.batch import READ, WRITE, IOBatch
 from tiers.io.uring import abi
 from tiers.io.uring.ring import Ring
+from tiers.io.uring.singles import SINGLE_KEY, single_word0
 
 if TYPE_CHECKING:
     from tiers.io.uring.engine import UringEngine
@@ -73,7 +74,7 @@ def _warm_up(reap_loop: Any) -> None:
     status = reap_loop.run_batch(
         -1, u32, u32, 3, words, u32, u32, 3, cqes,
         i64, i64, i64, i64, i64.astype(np.intp), i64,
-        1, 0, i64, np.zeros(8, np.uint64), i64, 0, 0,
+        1, 0, 0, i64, np.zeros(8, np.uint64), i64, 0, 0,
         i64, i64, i64, i64, i64, i64, state, 1, False,
     )  # fmt: skip
     if status != reap_loop.ENTER_FAILED:
@@ -103,22 +104,35 @@ class CompiledDriver:
         engine = self.engine
         reaped = woken
         while True:
-            engine._fill_singles()
+            singles_got = None  # the singles call's "anything completed", when it ran
+            if engine._q_offsets:
+                if engine._q_uniform:  # the common case: the loop writes them (see singles)
+                    singles_got, yielded = self._call(self._singles_source(), None)
+                    if yielded:
+                        engine._schedule_flush()
+                        return
+                else:
+                    engine._fill_singles()
+            tail = self.ring._tail
             engine._fill(stop_at_uniform=True)
             # the head batch goes in even with no slot free: the loop then reaps and refills
             # from it in one pass, so the slots a finishing batch frees never sit idle
             entry = engine._pending[0] if engine._pending else None
             if entry is not None and not uniform(entry[0], engine._buf_starts_list):
                 entry = None  # the Python ``_fill`` writes it, as slots free up
-            got, yielded = self._call(entry)
+            if entry is None and singles_got is not None and self.ring._tail == tail:
+                got, yielded = singles_got, False  # that call submitted and reaped all there was
+            else:
+                source = None if entry is None else self._batch_source(entry)
+                got, yielded = self._call(source, entry)
             if yielded:
                 engine._schedule_flush()  # the rest after the callers that can now run
                 return
             if got:
                 reaped = True
                 continue
-            if entry is not None:
-                continue  # the batch's last rows went in; on to the next one
+            if entry is not None or (engine._q_offsets and engine._q_uniform):
+                continue  # the last rows went in, or singles wait for slots: on to the next
             if not reaped:
                 return
             # Quiet now: clear the eventfd, then look once more (see the Python path).
@@ -126,24 +140,38 @@ class CompiledDriver:
                 os.eventfd_read(engine._eventfd)
             reaped = False
 
-    def _call(self, entry: list[Any] | None) -> tuple[bool, bool]:
-        """One compiled call; returns (anything completed, the event loop should run now: a
-        caller can go on, the budget is spent, or the kernel is short of resources)."""
+    @staticmethod
+    def _batch_source(entry: list[Any]) -> tuple[Any, ...]:
+        """What ``run_batch`` needs of a uniform batch: key, row base, first row, rows, offsets,
+        addresses, lengths, SQE word 0."""
+        batch, first_row, key = entry
+        opcode = abi.OP_READ if batch.op == READ else abi.OP_WRITE
+        word0 = single_word0(batch.file, opcode)
+        return key, 0, first_row, len(batch), batch.offsets, batch.addresses, batch.lengths, word0
+
+    def _singles_source(self) -> tuple[Any, ...]:
+        """The engine's queue of uniform single requests as one batch (ids as rows)."""
+        engine = self.engine
+        n = len(engine._q_offsets)
+        assert engine._q_file is not None
+        opcode = abi.OP_READ if engine._q_op == READ else abi.OP_WRITE
+        return (
+            SINGLE_KEY, engine._next_single_id - n, 0, n,
+            np.array(engine._q_offsets, np.int64), np.array(engine._q_addresses, np.uint64),
+            np.array(engine._q_lengths, np.int64), single_word0(engine._q_file, opcode),
+        )  # fmt: skip
+
+    def _call(self, source: tuple[Any, ...] | None, entry: list[Any] | None) -> tuple[bool, bool]:
+        """One compiled call, filling from ``source`` (a uniform batch ``entry`` or the queue of
+        singles) if any; returns (anything completed, the event loop should run now: a caller
+        can go on, the budget is spent, or the kernel is short of resources)."""
         engine, ring, state = self.engine, self.ring, self.state
         out_key, out_row, out_res, out_slot = self.out
         odd_slot, odd_res = self.odd
-        if entry is not None:
-            batch, first_row, key = entry
-            op = batch.op
-            file = batch.file
-            fd, flags = (file.slot, abi.SQE_FIXED_FILE) if file.slot >= 0 else (file.fd, 0)
-            opcode = abi.OP_READ if op == READ else abi.OP_WRITE
-            word0 = opcode | flags << 8 | (fd & 0xFFFFFFFF) << 32
-            n_rows, offsets, addresses, lengths = (
-                len(batch), batch.offsets, batch.addresses, batch.lengths,
-            )  # fmt: skip
+        if source is not None:
+            key, row_base, first_row, n_rows, offsets, addresses, lengths, word0 = source
         else:
-            key, first_row, word0, n_rows = 0, 0, 0, 0
+            key, row_base, first_row, word0, n_rows = 0, 0, 0, 0, 0
             offsets, addresses, lengths = self.empty_i64, self.empty_u64, self.empty_i64
         state[:] = (ring._tail, engine._nfree, first_row, 0, 0, engine._inflight, engine._resumed)
         status = self.loop.run_batch(
@@ -151,9 +179,9 @@ class CompiledDriver:
             ring._cq_head, ring._cq_tail, ring._cq_mask, ring._cqes,
             engine._slot_key, engine._slot_row, engine._slot_len, engine._slot_done,
             engine._free, engine._left,
-            key, n_rows, offsets, addresses, lengths, word0, 0,
+            key, row_base, n_rows, offsets, addresses, lengths, word0, 0,
             out_key, out_row, out_res, out_slot, odd_slot, odd_res,
-            state, self.budget, entry is not None,
+            state, self.budget, source is not None,
         )  # fmt: skip
         tail, nfree, row, nout, nodd, inflight, resumed = state.tolist()
         ring._tail, engine._nfree, engine._inflight, engine._resumed = (
@@ -166,8 +194,10 @@ class CompiledDriver:
             entry[1] = row
             if row == n_rows:
                 engine._pending.popleft()
-            if engine._watchdog is None and inflight:
-                engine._arm_watchdog()
+        elif source is not None and row:
+            engine._dequeue_singles(row - first_row)
+        if engine._watchdog is None and inflight:
+            engine._arm_watchdog()
         failed = status == self.loop.ENTER_FAILED
         if failed:
             engine._enter()  # raises the errno, or leaves EAGAIN/EBUSY to the next completion
@@ -177,7 +207,7 @@ class CompiledDriver:
         if nodd:
             engine._handle_unusual(odd_slot[:nodd].copy(), odd_res[:nodd].copy())
         finished = bool(nout) and self._finished
-        busy = entry is not None and nout >= self.budget
+        busy = source is not None and nout >= self.budget
         return bool(nout or nodd), finished or busy or failed
 
     def _record(self, n: int) -> None:
@@ -185,7 +215,9 @@ class CompiledDriver:
         keys, rows, res = (a[:n] for a in self.out[:3])
         before = engine._inflight_batches
         first = int(keys[0])
-        if first == int(keys[-1]) and (n < 3 or bool((keys == first).all())):
+        if first == SINGLE_KEY and not keys.any():
+            engine._settle_singles(rows.tolist(), res.tolist())
+        elif first == int(keys[-1]) and (n < 3 or bool((keys == first).all())):
             engine._account(first, rows.copy(), res.copy(), counted=True)
         else:
             for key in np.unique(keys).tolist():

@@ -35,7 +35,7 @@ class CompletionMixin(SubmissionMixin):
     _batches: dict[int, IOBatch]
     _left: np.ndarray
     _free_keys: list[int]
-    _singles: Any
+    _q_offsets: list[int]
     counters: dict[str, Any]
 
     def _harvest(self) -> bool:
@@ -118,7 +118,7 @@ class CompletionMixin(SubmissionMixin):
         rows = self._slot_row[slots]
         self._free[self._nfree : self._nfree + n] = slots
         self._nfree += n
-        if refill and (self._pending or self._singles):
+        if refill and (self._pending or self._q_offsets):
             self._fill_singles()
             self._fill()
             self._enter()

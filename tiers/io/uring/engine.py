@@ -86,9 +86,14 @@ class UringEngine(CompletionMixin):
         self._left[SINGLE_KEY] = 1 << 62  # singles are counted one by one, never "finished"
         self._free_keys = list(range(len(self._left) - 1, SINGLE_KEY, -1))
         self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted, key]
-        self._singles: deque[Any] = deque()  # single requests not yet in a slot
-        self._single_recs: dict[int, Any] = {}
+        self._single_recs: dict[int, Any] = {}  # id -> a single request not yet finished
         self._next_single_id = 0
+        self._q_offsets: list[int] = []  # singles not yet in a slot, in call order (see singles)
+        self._q_addresses: list[int] = []
+        self._q_lengths: list[int] = []
+        self._q_file: FileHandle | None = None
+        self._q_op = 0
+        self._q_uniform = False
         self._inflight = 0
         self._resumed = 0  # slots now resuming a short transfer
         self._flush_scheduled = False

@@ -11,17 +11,19 @@ possible (a ctypes pointer would bake an address into the cached code).
 Contract of :func:`run_batch` (all arrays are the engine's, shared by reference):
 
 * refills free slots from rows ``state[ROW]`` .. ``n_rows - 1`` of one uniform batch (one opcode,
-  one file: ``word0``; ``word3_hi`` holds rw_flags << 32), tagging each slot with ``key``;
+  one file: ``word0``; ``word3_hi`` holds rw_flags << 32), tagging each slot with ``key`` and
+  row ``row_base + row`` (the engine's queue of single requests passes its first id there);
 * a CQE whose result equals the length asked is *ordinary*: its ``(key, row, result, slot)`` go to
   the ``out_*`` arrays, ``left[key]`` drops by one and the slot is freed at once;
 * ``state[RESUMED]`` counts slots resuming a short transfer; it drops as they finish;
 * any other CQE (error, EOF, short, EAGAIN) is *unusual*: its slot and result go to ``odd_*``, the
   slot stays owned, and the loop stops so Python can handle it;
 * it stops after a wave in which some ``left[key]`` reached 0 (a batch finished: its caller should
-  run), after ``budget`` completions (the event loop must breathe), when the batch has no rows
-  left, when nothing completed and ``wait`` is false, or when ``io_uring_enter`` fails (status
-  ``ENTER_FAILED``: Python repeats the call to read errno); before it stops it refills the slots
-  the last wave freed and submits them (no wait), so the device stays fed while Python runs.
+  run) or a single request (key ``SINGLE_KEY``) finished, after ``budget`` completions (the event
+  loop must breathe), when the batch has no rows left, when nothing completed and ``wait`` is
+  false, or when ``io_uring_enter`` fails (status ``ENTER_FAILED``: Python repeats the call to
+  read errno); before it stops it refills the slots the last wave freed and submits them (no
+  wait), so the device stays fed while Python runs.
 
 Concurrency: called only from the ring's thread (the ring is SINGLE_ISSUER); ``nogil``.
 Invariants: ``state`` = [sq tail, free slots, next row, out count, odd count, in flight, resumed].
@@ -36,12 +38,13 @@ import numpy as np
 from numba import njit, types
 
 __all__ = ["ENTER_FAILED", "INFLIGHT", "NFREE", "NODD", "NOUT", "RESUMED", "ROW", "STATE_SIZE"]
-__all__ += ["TAIL"]
+__all__ += ["SINGLE_KEY", "TAIL"]
 __all__ += ["run_batch"]
 
 TAIL, NFREE, ROW, NOUT, NODD, INFLIGHT, RESUMED = range(7)
 STATE_SIZE = 7
 ENTER_FAILED = -1
+SINGLE_KEY = 0  # as in ``singles``: every completion of this key is a caller that can run
 _SYS_IO_URING_ENTER = 426
 _GETEVENTS = 1
 _MASK32 = 0xFFFFFFFF
@@ -65,7 +68,7 @@ def run_batch(
     ring_fd: int, sq_head: Any, sq_tail: Any, sq_mask: int, words: Any,
     cq_head: Any, cq_tail: Any, cq_mask: int, cqes: Any,
     slot_key: Any, slot_row: Any, slot_len: Any, slot_done: Any, free: Any, left: Any,
-    key: int, n_rows: int, offsets: Any, addresses: Any, lengths: Any,
+    key: int, row_base: int, n_rows: int, offsets: Any, addresses: Any, lengths: Any,
     word0: int, word3_hi: int,
     out_key: Any, out_row: Any, out_res: Any, out_slot: Any, odd_slot: Any, odd_res: Any,
     state: Any, budget: int, wait: bool,
@@ -85,7 +88,7 @@ def run_batch(
             length = lengths[row]
             _put(words, tail & sq_mask, word0, offsets[row], addresses[row], length, word3_hi, slot)
             slot_key[slot] = key
-            slot_row[slot] = row
+            slot_row[slot] = row_base + row
             slot_len[slot] = length
             slot_done[slot] = 0
             tail = (tail + 1) & _MASK32
@@ -123,7 +126,7 @@ def run_batch(
                 out_slot[nout] = slot
                 nout += 1
                 left[k] -= 1
-                finished |= left[k] == 0
+                finished |= left[k] == 0 or k == SINGLE_KEY
                 free[nfree] = slot
                 nfree += 1
                 inflight -= 1
