@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from tiers.io.batch import READ, IOBatch
-from tiers.io.buffers import aligned_empty
+from tiers.io.buffers import aligned_empty, array_address
 from tiers.io.engine import FileHandle
 from tiers.io.errors import CorruptionError, EngineClosedError, StorageError
 from tiers.nvme.batch_checks import LandedBatch, check_batch
@@ -210,9 +210,10 @@ def _destinations(outs: list[Any], sizes: np.ndarray, in_place: np.ndarray) -> n
         if out is None:
             continue  # a view of the staging buffer
         if whole and type(out) is np.ndarray and out.nbytes >= sizes_l[i]:
-            try:
-                found[i] = _address_of(_char_over(out))  # raises unless writable, contiguous
-            except (TypeError, ValueError):
+            flags = out.flags
+            if flags.c_contiguous and flags.writeable:
+                found[i] = array_address(out)  # remembered for views: ~0.2 us, not ~0.5
+            else:
                 writable_view(out, sizes_l[i])  # the error a get raises
         else:
             writable_view(out, sizes_l[i])

@@ -95,17 +95,25 @@ class NvmeReads:
         Raises: as ``get``, for the first key that fails (nothing is returned then).
         """
         keys = list(keys)
-        for key in keys:
-            if type(key) is not str or not key.isascii() or not 0 < len(key) <= _MAX_KEY_BYTES:
-                check_key(key)  # the common case above needs no encode
+        find = self._open_catalog().entries.get
+        try:
+            found = [find(key) for key in keys]
+        except TypeError:  # an unhashable key: the check below names it
+            found = [None] * len(keys)
+        slots = [i for i, entry in enumerate(found) if entry is not None]
+        if len(slots) < len(keys):
+            # a key the catalog holds passed check_key when it was put: only misses are checked,
+            # in key order, so the first bad key raises as before (none of them is ever found)
+            for i, key in enumerate(keys):
+                if found[i] is None and (
+                    type(key) is not str or not key.isascii() or not 0 < len(key) <= _MAX_KEY_BYTES
+                ):
+                    check_key(key)  # the common case above needs no encode
         n = len(keys)
         if into is not None and len(into) != n:
             raise InvalidArgumentError(f"{len(into)} destinations for {n} keys")
         if byte_ranges is not None and len(byte_ranges) != n:
             raise InvalidArgumentError(f"{len(byte_ranges)} byte ranges for {n} keys")
-        find = self._open_catalog().entries.get
-        found = [find(key) for key in keys]
-        slots = [i for i, entry in enumerate(found) if entry is not None]
         self.counters["gets"] += n
         self.counters["misses"] += n - len(slots)
         results: list[Any] = [None] * n
