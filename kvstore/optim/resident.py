@@ -201,7 +201,7 @@ def step_resident(
     call per param group over all of them, as torch's own step makes (an inner optimizer
     per subgroup cost ~2 ms each: a 500M-parameter step was 1.19x torch's). A subgroup
     whose gradients must be copied (not fp32 CPU tensors) uses the one gradient buffer,
-    so it steps alone, before the others."""
+    and one whose states are made now has torch allocate them: each steps alone, first."""
     items: list[StepItem] = []
     hypers: list[dict[str, Any]] = []
     out: dict[int, Any] = {}
@@ -209,7 +209,12 @@ def step_resident(
     for subgroup in todo:
         buffer = opt.staging.slot_fp32(subgroup.index, opt.schema.sections * subgroup.stride)
         mask = [has_grad[s.param_index] for s in subgroup.segments]
-        alone = not transfer.grads_viewable(subgroup, opt._params, mask)
+        # a first step makes the states: torch allocates them (then copied into the buffer),
+        # so a subgroup with a stateless stepped segment steps alone, bounding that transient
+        fresh = bool(opt.schema.vector_keys) and any(
+            w and s.param_index not in scalars for s, w in zip(subgroup.segments, mask, strict=True)
+        )
+        alone = fresh or not transfer.grads_viewable(subgroup, opt._params, mask)
         grad = opt.staging.grad_fp32(subgroup.stride)
         grads = transfer.grad_views(subgroup, opt._params, grad, mask)
         if alone:
