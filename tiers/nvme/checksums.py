@@ -99,17 +99,9 @@ def _compiled_rows() -> Any:
 
 def _build_rows() -> Any:
     import llvmlite.binding as llvm  # type: ignore[import-untyped]
-    from numba import njit, types
 
     llvm.load_library_permanently(_FAST_CRC32_LIBRARY[0])
-    crc: Any = types.ExternalFunction(
-        "libdeflate_crc32", types.uint32(types.uint32, types.uint64, types.uint64)
-    )
-
-    @njit(nogil=True, cache=True)
-    def rows(addresses: Any, sizes: Any, out: Any) -> None:  # pragma: no cover - machine code
-        for i in range(addresses.shape[0]):
-            out[i] = crc(0, addresses[i], sizes[i])
+    from tiers.nvme.crc_loop import crc_rows as rows  # after the library: see crc_loop
 
     probe = np.frombuffer(b"123456789", np.uint8)
     got = np.zeros(1, np.int64)
