@@ -32,6 +32,8 @@ __all__ = ["checkpoint", "load_checkpoint", "write_checkpoint"]
 
 async def checkpoint(index: SpannIndex) -> None:
     async with index.update_lock:
+        if index.tenancy is not None:  # revokes' deferred merges and rewrites, then sync
+            await index.tenancy.settle_pending()
         await index.store.sync()
         if index.tenancy is not None:
             await index.tenancy.store.lists.sync()

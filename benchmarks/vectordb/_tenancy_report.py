@@ -183,6 +183,8 @@ def updates_table(name: str, updates: dict[str, Any]) -> str:
         ("insert without tenancy, a batch a call (per vector)", "plain_insert_batch_us"),
         ("insert without tenancy, one a call", "plain_insert_single_us"),
         ("delete_tenant of the new tenant (all its pairs)", "delete_tenant_us"),
+        ("checkpoint after the revokes (settles their shortlists)", "checkpoint_after_revokes_us"),
+        ("checkpoint with nothing to settle", "checkpoint_idle_us"),
     ]
     batch = updates.get("batch")
     lines = [
@@ -266,6 +268,8 @@ def headline(
         "revoke_single_us",
         "insert_single_us",
         "delete_tenant_us",
+        "checkpoint_after_revokes_us",
+        "checkpoint_idle_us",
         "plain_insert_batch_us",
         "plain_insert_single_us",
     ):

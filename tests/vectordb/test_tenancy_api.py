@@ -451,6 +451,9 @@ def test_shortlists_split_and_merge_and_stay_exact(tmp_path: Path, metric: str) 
                 result = await index.search(queries, 10, EXACT, tenant="grow")
                 assert_exact(m, model, queries, 10, "grow", result, f"revoked to {start}: ")
             assert index.count("grow") == 10
+            # merges wait for the next checkpoint (Tenancy.settle_pending)
+            assert index.stats()["shortlists"] == grown, "revokes merged before a checkpoint"
+            await index.checkpoint()
             assert index.stats()["shortlists"] < grown / 4, "shortlists did not merge back"
             await index.delete(np.arange(290, 300))
             assert index.count("grow") == 0

@@ -16,19 +16,16 @@ Thread-safety: loop thread only.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
+
+from vectordb.tenancy import access_batch
+from vectordb.tenancy.access_batch import Entry
+from vectordb.tenancy.access_batch import narrow as _narrow
+from vectordb.tenancy.access_batch import sort_runs as _sort_runs
 
 __all__ = ["AccessTable", "Entry"]
 
 _MERGE_AT = 4096
-
-
-class Entry(NamedTuple):
-    loc: int
-    leaf: int
-    tenants: tuple[int, ...]  # sorted tenant numbers
 
 
 class AccessTable:
@@ -50,12 +47,15 @@ class AccessTable:
         if vid in self.delta:
             return self.delta[vid]
         at, hit = self._find(np.array([vid], np.int64))
+        if not hit[0]:
+            return None
         pos = int(at[0])
-        if hit[0]:
-            a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])  # uint32 or int64: as ints
-            tenants = tuple(self.tenants[a:b].tolist())
-            return Entry(int(self.loc[pos]), int(self.leaf[pos]), tenants)
-        return None
+        a, b = int(self.ptr[pos]), int(self.ptr[pos + 1])  # uint32 or int64: as ints
+        return Entry(int(self.loc[pos]), int(self.leaf[pos]), tuple(self.tenants[a:b].tolist()))
+
+    def entries(self, ids: np.ndarray) -> list[Entry | None]:
+        """``[get(v) for v in ids]`` with one search of the arrays for all of them."""
+        return access_batch.entries(self, ids)
 
     def count(self, tenant: int) -> int:
         return int(self.counts[tenant]) if 0 <= tenant < len(self.counts) else 0
@@ -75,6 +75,10 @@ class AccessTable:
         """Mask of records (id, version) that ``tenant`` may read now, at the vector's
         current home location (one search of the table for both checks)."""
         return self._may_read(ids, np.full(len(ids), tenant, np.int64), versions)
+
+    def readable_by(self, ids: np.ndarray, versions: np.ndarray, tenants: np.ndarray) -> np.ndarray:
+        """``readable`` with a tenant per record (a batch of queries' records at once)."""
+        return self._may_read(ids, np.asarray(tenants, np.int64), versions)
 
     def _may_read(
         self, ids: np.ndarray, tenants: np.ndarray, versions: np.ndarray | None
@@ -138,21 +142,21 @@ class AccessTable:
         return entry
 
     def add_pair(self, vid: int, tenant: int) -> bool:
-        entry = self.get(vid)
-        if entry is None or tenant in entry.tenants:
-            return False
-        self._set(vid, entry._replace(tenants=tuple(sorted((*entry.tenants, tenant)))), False)
-        self._count((tenant,), 1)
-        return True
+        return bool(self.add_pairs(np.array([vid], np.int64), tenant)[0])
 
     def remove_pair(self, vid: int, tenant: int) -> bool:
-        entry = self.get(vid)
-        if entry is None or tenant not in entry.tenants:
-            return False
-        rest = tuple(t for t in entry.tenants if t != tenant)
-        self._set(vid, entry._replace(tenants=rest), False)
-        self._count((tenant,), -1)
-        return True
+        return bool(self.remove_pairs(np.array([vid], np.int64), tenant)[0][0])
+
+    def add_pairs(self, ids: np.ndarray, tenant: int) -> np.ndarray:
+        """``add_pair`` of every id (in order: a repeated id counts once); mask of the pairs
+        added. One search of the arrays for the whole batch."""
+        return access_batch.change_pairs(self, np.asarray(ids, np.int64), tenant, adding=True)
+
+    def remove_pairs(self, ids: np.ndarray, tenant: int) -> tuple[np.ndarray, np.ndarray]:
+        """``remove_pair`` of every id; (mask of the pairs removed, each id's leaf)."""
+        ids = np.asarray(ids, np.int64)
+        leaves = self.lookup(ids)[2]
+        return access_batch.change_pairs(self, ids, tenant, adding=False), leaves
 
     def remove_tenant(self, tenant: int) -> int:
         """Drop every pair of ``tenant``; returns how many there were."""
@@ -170,12 +174,16 @@ class AccessTable:
             self.counts[tenant] = 0
         return dropped
 
-    def _set(self, vid: int, entry: Entry | None, counted: bool) -> None:
+    def _set(self, vid: int, entry: Entry | None, counted: bool, merge: bool = True) -> None:
         if vid not in self.delta:
             self._delta_ids = None
         self.delta[vid] = entry
         if counted and entry is not None:
             self._count(entry.tenants, 1)
+        if merge:
+            self._maybe_merge()
+
+    def _maybe_merge(self) -> None:
         if len(self.delta) >= max(_MERGE_AT, self.n_rows // 32):
             self.merge()
 
@@ -214,13 +222,14 @@ class AccessTable:
             np.concatenate([lengths, new_lengths]),
             np.concatenate([self.tenants[pair_keep], np.array(flat, np.int32)]),
             recount=False,
+            sorted_runs=True,  # kept runs were sorted, and every Entry holds sorted tenants
         )
         self.delta.clear()
         self._delta_ids = None
 
     def load(
         self, ids: np.ndarray, loc: np.ndarray, leaf: np.ndarray, lengths: np.ndarray,
-        tenants: np.ndarray, recount: bool = True,
+        tenants: np.ndarray, recount: bool = True, sorted_runs: bool = False,
     ) -> None:  # fmt: skip
         """Replace the arrays (ids in any order; ``tenants`` grouped by id in that order)."""
         order = np.argsort(ids, kind="stable")
@@ -241,7 +250,8 @@ class AccessTable:
         self.leaf = leaf.astype(np.uint16 if small else np.int32)  # trees rarely reach 64k nodes
         self.tenants = np.asarray(tenants, np.int32)[gather.astype(np.int64)]
         self.ptr = _narrow(np.concatenate([[0], np.cumsum(lengths)]))
-        _sort_runs(self.tenants, self.ptr)
+        if not sorted_runs:
+            _sort_runs(self.tenants, self.ptr)
         if recount:
             self.delta.clear()
             self._delta_ids = None
@@ -282,20 +292,3 @@ class AccessTable:
     def resident_bytes(self) -> int:
         arrays = (self.ids, self.loc, self.leaf, self.ptr, self.tenants, self.counts)
         return sum(a.nbytes for a in arrays) + 200 * len(self.delta)
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """Non-negative int64 values as uint32 when they fit (half the bytes; reads widen)."""
-    values = np.asarray(values, np.int64)
-    if not len(values) or (values.min() >= 0 and values.max() < 2**32):
-        return values.astype(np.uint32)
-    return values
-
-
-def _sort_runs(values: np.ndarray, ptr: np.ndarray) -> None:
-    """Sort each run ``values[ptr[i]:ptr[i+1]]`` in place (runs are short: share degree)."""
-    if len(values) < 2:
-        return
-    run = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
-    order = np.lexsort((values, run))
-    values[:] = values[order]

@@ -21,20 +21,25 @@ from typing import Any
 
 import numpy as np
 
-from vectordb.build import posting_capacity
 from vectordb.metric import Metric, prepare
-from vectordb.posting_store import PostingItem
 from vectordb.tenancy.access_table import AccessTable
 from vectordb.tenancy.shortlists import TenantShortlists
+from vectordb.tenancy.tenant_bulk import bulk_load
 from vectordb.tenancy.tenant_names import TenantId, TenantNames
-from vectordb.tenancy.tenant_store import POSITION_BITS, TenantStore, location_versions
+from vectordb.tenancy.tenant_store import POSITION_BITS, TenantStore
 from vectordb.tenancy.tenant_tree import TenantTree
-from vectordb.tenancy.tenant_updates import bulk_items, place, settle
+from vectordb.tenancy.tenant_updates import place, settle
 from vectordb.tenancy.wal_records import TenantRows
 
-__all__ = ["Tenancy"]
+__all__ = ["Fetched", "Tenancy"]
 
-_WRITE_BATCH_BYTES = 64 << 20
+# (rows of the call's ids, their home locations, their stored vectors): Tenancy.read_for_grant
+Fetched = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+# removed pairs whose shortlists' merges and rewrites wait for a checkpoint (searches filter by
+# the access table, so a run holding revoked records answers rightly meanwhile); bounds the
+# pending map and the stale records a search may read
+SETTLE_AT_PAIRS = 1 << 16
 
 
 class Tenancy:
@@ -48,6 +53,10 @@ class Tenancy:
         self.shortlists = TenantShortlists()
         self.tree = TenantTree.single(config.dim)
         self.counters = {"grants": 0, "revokes": 0, "shortlist_splits": 0, "shortlist_merges": 0}
+        # shortlists that lost pairs (revoke, delete) and wait for ``settle_pending`` (tenant ->
+        # node -> depth): the next checkpoint, or once ``SETTLE_AT_PAIRS`` pairs have gathered
+        self.unsettled: dict[int, dict[int, int]] = {}
+        self.unsettled_pairs = 0
 
     # ----------------------------------------------------------------- reads
     def number(self, name: TenantId) -> int | None:
@@ -134,15 +143,36 @@ class Tenancy:
             self.shortlists.compact(tenant)
         self.counters["grants"] += len(numbers)
 
-    async def apply_grant(self, ids: np.ndarray, name: TenantId) -> int:
+    async def read_for_grant(self, ids: np.ndarray, name: TenantId) -> Fetched:
+        """The home copies a grant of ``ids`` to ``name`` will copy, read (one submission)
+        while its log record is written: a read changes nothing, so it need not wait."""
+        tenant = self.names.number(name)
+        found, locations, _ = self.table.lookup(ids)
+        if tenant is not None:
+            found &= ~self.table.member(ids, np.full(len(ids), tenant, np.int64))
+        wanted = np.flatnonzero(found)
+        vectors = await self.store.read_home(ids[wanted], locations[wanted])
+        return wanted, locations[wanted], vectors
+
+    async def apply_grant(
+        self, ids: np.ndarray, name: TenantId, fetched: Fetched | None = None
+    ) -> int:
+        """``fetched``: ``read_for_grant`` of the same call, under the same hold of the
+        update lock (so every pair this adds was read there)."""
         tenant = self.names.number_or_new(name)
-        found, locations, leaves = self.table.lookup(ids)
-        new = np.array([bool(f) and self.table.add_pair(v, tenant) for v, f in
-                        zip(ids.tolist(), found.tolist(), strict=True)], bool)  # fmt: skip
+        _, locations, leaves = self.table.lookup(ids)
+        new = self.table.add_pairs(ids, tenant)
         if not new.any():
             return 0
-        ids, locations, leaves = ids[new], locations[new], leaves[new]
-        vectors = await self.store.read_home(ids, locations)
+        rows = np.flatnonzero(new)
+        ids, locations, leaves = ids[rows], locations[rows], leaves[rows]
+        if fetched is not None:
+            at = np.searchsorted(fetched[0], rows)
+            if not (fetched[1][at] == locations).all():  # the caller broke the contract
+                raise AssertionError("home copies read for another state of the table")
+            vectors = fetched[2][at]
+        else:
+            vectors = await self.store.read_home(ids, locations)
         await place(self, tenant, ids, leaves, locations, vectors)
         self.shortlists.compact(tenant)
         self.counters["grants"] += len(ids)
@@ -152,12 +182,8 @@ class Tenancy:
         tenant = self.names.number(name)
         if tenant is None:
             return 0
-        _, _, leaves = self.table.lookup(ids)
-        gone = [
-            int(leaf)
-            for vid, leaf in zip(ids.tolist(), leaves.tolist(), strict=True)
-            if self.table.remove_pair(vid, tenant)
-        ]
+        removed, leaves = self.table.remove_pairs(ids, tenant)
+        gone = leaves[removed].tolist()
         await self._settle_removed(tenant, gone)
         self.counters["revokes"] += len(gone)
         return len(gone)
@@ -177,22 +203,38 @@ class Tenancy:
         tenant = self.names.number(name)
         if tenant is None:
             return 0
+        self.unsettled.pop(tenant, None)
         for entry in self.shortlists.pop(tenant):
             self.store.release(entry.pid)
         return self.table.remove_tenant(tenant)
 
     async def _settle_removed(self, tenant: int, leaves: list[int]) -> None:
-        touched: dict[int, int] = {}
+        """Count the pairs out of their shortlists; the merges, drops and rewrites that
+        restore the invariants are deferred (``settle_pending``): a batch of revokes then
+        rewrites each run once, not once a call."""
+        touched = self.unsettled.setdefault(tenant, {})
+        view = self.shortlists.view(tenant)
         for leaf in leaves:
             node = self.shortlists.locate(tenant, self.tree.path(leaf))
             if node is not None:
-                entry = self.shortlists.edit(tenant)[node]
+                entry = view[node] if view is not None else None
                 assert entry is not None
                 entry.live -= 1
                 touched[node] = int(self.tree.depth[node])
-        for node in sorted(touched, key=touched.__getitem__, reverse=True):
-            await settle(self, tenant, node)
-        self.shortlists.compact(tenant)
+        if not touched:
+            del self.unsettled[tenant]
+        self.unsettled_pairs += len(leaves)
+        if self.unsettled_pairs >= SETTLE_AT_PAIRS:
+            await self.settle_pending()
+
+    async def settle_pending(self) -> None:
+        """Merge, drop and rewrite the shortlists that lost pairs since the last call, deepest
+        first per tenant (under the update lock: before every checkpoint)."""
+        pending, self.unsettled, self.unsettled_pairs = self.unsettled, {}, 0
+        for tenant, touched in pending.items():
+            for node in sorted(touched, key=touched.__getitem__, reverse=True):
+                await settle(self, tenant, node)
+            self.shortlists.compact(tenant)
 
     def _numbers(self, rows: TenantRows) -> np.ndarray:
         _, refs, names = rows
@@ -223,6 +265,7 @@ class Tenancy:
             self.store.release(pid)  # home blocks: every vector gets a new home copy
         self.store.home_pid = -1
         self.shortlists = TenantShortlists()
+        self.unsettled, self.unsettled_pairs = {}, 0
         new_lengths = np.diff(indptr)
         all_ids = np.concatenate([old_ids, ids])
         all_vectors = np.concatenate([old_vectors, stored])
@@ -238,37 +281,5 @@ class Tenancy:
     async def bulk_load(
         self, ids: np.ndarray, stored: np.ndarray, lengths: np.ndarray, tenants: np.ndarray
     ) -> None:
-        """Every vector and pair at once (build; a young index): train, home copies, runs.
-        ``stored``: as copies hold them (Tenancy.stored)."""
-        prepared = prepare(self.metric, stored)
-        config = self.config
-        self.tree = TenantTree.train(
-            prepared, len(ids), config.tenant_tree_branching, config.tenant_leaf_size, config.seed
-        )
-        leaves = self.tree.descend(prepared)
-        del prepared
-        locations = await self.store.put_home(ids, stored)
-        self.table = AccessTable()
-        self.table.load(ids, locations, leaves, lengths, tenants)
-        pair_rows = np.repeat(np.arange(len(ids)), lengths)
-        order = np.argsort(tenants, kind="stable")
-        bounds = np.flatnonzero(np.diff(tenants[order])) + 1
-        versions = location_versions(locations)
-        items: list[PostingItem] = []
-        pending = 0
-        for group in np.split(order, bounds) if len(order) else []:
-            tenant = int(tenants[group[0]])
-            shortlists = self.shortlists.edit(tenant)
-            for node, rows in bulk_items(self, tenant, pair_rows[group], leaves):
-                entry = shortlists[node]
-                assert entry is not None
-                capacity = posting_capacity(len(rows), self.limit)
-                part = (ids[rows], versions[rows], stored[rows])
-                items.append(PostingItem(entry.pid, *part, capacity=capacity))
-                pending += len(rows) * self.store.lists.rec_bytes
-            if pending >= _WRITE_BATCH_BYTES:
-                await self.store.write(items)
-                items, pending = [], 0
-        await self.store.write(items)
-        self.shortlists.compact_all()
-        self.counters["grants"] += len(tenants)
+        """Every vector and pair at once (build; a young index): tenant_bulk.bulk_load."""
+        await bulk_load(self, ids, stored, lengths, tenants)

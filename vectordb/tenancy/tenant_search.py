@@ -7,7 +7,8 @@ shortlists taken hold ``tenant_candidates`` vectors (0: take them all, an exact 
 tenant of at most ``shortlist_limit`` vectors is one shortlist: one read.
 
 The shortlists of the whole batch are read in one submission (a list two queries need is read
-once). Every record is then checked against the access table *after* the reads land: only
+once) into one buffer, and scored where they landed (no record is copied). Every record of
+the batch is then checked against the access table, in one pass, *after* the reads land: only
 pairs the query's tenant holds at that moment, at the vector's current location, each id once;
 so a grant or revoke racing the search is never answered wrongly, whatever the runs hold.
 
@@ -41,16 +42,25 @@ async def tenant_search(
     chosen = [_written(tenancy, c) for c in chosen]
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
-    batch = await tenancy.store.read(union) if len(union) else None
+    views = await tenancy.store.read_views(union) if len(union) else []
+    parts = [[views[i] for i in np.searchsorted(union, p).tolist()] for p in chosen]
+    # one access check for every record of every query (after the reads landed)
+    lengths = [sum(len(v) for v in mine) for mine in parts]
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    readable = np.zeros(0, bool)
+    if bounds[-1]:
+        readable = tenancy.table.readable_by(
+            np.concatenate([v["id"] for mine in parts for v in mine]),
+            np.concatenate([v["version"] for mine in parts for v in mine]),
+            np.repeat(tenants, lengths),
+        )
     ids = np.full((len(prepared), k), -1, np.int64)
     dist = np.full((len(prepared), k), np.inf, np.float32)  # padded as search pads
-    for q, pids in enumerate(chosen):
-        if batch is None or not pids:
+    for q, mine in enumerate(parts):
+        keep = readable[bounds[q] : bounds[q + 1]]
+        if not keep.any():
             continue
-        at = np.searchsorted(union, pids).tolist()
-        parts = [batch.records[batch.starts[i] : batch.starts[i + 1]] for i in at]
-        records = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        found, found_ids, found_dist = _score(tenancy, prepared[q], records, int(tenants[q]), k)
+        found, found_ids, found_dist = _score(tenancy, prepared[q], mine, keep, k)
         ids[q, :found], dist[q, :found] = found_ids, found_dist
     return ids, dist
 
@@ -92,14 +102,18 @@ def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> li
 
 
 def _score(
-    tenancy: Tenancy, query: np.ndarray, records: np.ndarray, tenant: int, k: int
+    tenancy: Tenancy, query: np.ndarray, parts: list[np.ndarray], keep: np.ndarray, k: int
 ) -> tuple[int, np.ndarray, np.ndarray]:
-    keep = tenancy.table.readable(records["id"], records["version"], tenant)
-    if not keep.any():
-        return 0, np.zeros(0, np.int64), np.zeros(0, np.float32)
-    ids = records["id"][keep]
-    vectors = np.ascontiguousarray(records["vector"][keep], np.float32)
-    dist = distances(tenancy.metric, query, vectors)
+    """The ``k`` nearest distinct ids among the readable records (``keep``) of ``parts``.
+    Scored where they landed: a matrix product reads the records' vector fields in place
+    (no copy; the few unreadable ones are scored and dropped)."""
+    metric = tenancy.metric
+    if len(parts) == 1:
+        ids, dist = parts[0]["id"][keep], distances(metric, query, parts[0]["vector"])[keep]
+    else:
+        ids = np.concatenate([part["id"] for part in parts])[keep]
+        dist = np.concatenate([distances(metric, query, part["vector"]) for part in parts])[keep]
+    dist = dist.astype(np.float32, copy=False)
     if len(dist) > 2 * k:
         near = np.argpartition(dist, 2 * k)[: 2 * k]
         found = _nearest_distinct(ids[near], dist[near], k)

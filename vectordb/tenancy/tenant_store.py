@@ -21,6 +21,8 @@ Concurrency: loop thread only; updates run under the index's update lock.
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 import numpy as np
 
 from tiers.io import CorruptionError, FileHandle, IOEngine, aligned_empty
@@ -91,6 +93,8 @@ class TenantStore:
         """The stored vectors of ``ids`` at ``locations``: only the page or two holding each
         record is read (all in one submission), and every record is checked."""
         lists = self.lists
+        if not len(ids):
+            return np.zeros((0, *lists.dtype["vector"].shape), lists.dtype["vector"].base)
         locations = np.asarray(locations, np.int64)
         pids = locations >> POSITION_BITS
         at = lists.start[pids] * PAGE_BYTES + (locations & _POSITION_MASK) * lists.rec_bytes
@@ -102,9 +106,11 @@ class TenantStore:
             lists.file, buffer, first_page * PAGE_BYTES, pages * PAGE_BYTES,
             buffer_pages[:-1] * PAGE_BYTES,
         )  # fmt: skip
-        offsets = buffer_pages[:-1] * PAGE_BYTES + at % PAGE_BYTES
-        raw = buffer[offsets[:, None] + np.arange(lists.rec_bytes)]
-        records = decode(raw.reshape(-1), len(ids), lists.dtype, pids)
+        # records are whole 8-byte words (posting_format): gather words, not bytes (an
+        # index array an eighth the size: a byte gather took most of a grant's time)
+        words = (buffer_pages[:-1] * PAGE_BYTES + at % PAGE_BYTES) // 8
+        raw = buffer.view(np.uint64)[words[:, None] + np.arange(lists.rec_bytes // 8)]
+        records = decode(raw.view(np.uint8).reshape(-1), len(ids), lists.dtype, pids)
         wrong = records["id"] != ids
         if wrong.any():
             raise CorruptionError(
@@ -116,6 +122,15 @@ class TenantStore:
     # ----------------------------------------------------------------- shortlists
     async def read(self, pids: np.ndarray) -> PostingBatch:
         return await self.lists.read(np.asarray(pids, np.int64))
+
+    async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:
+        """Each list's records, verified, as views into one read's buffer (one submission;
+        a search's read: nothing is copied, unlike ``read``)."""
+        read = self.lists.begin_read(np.asarray(pids, np.int64))
+        async with aclosing(read.groups()) as groups:
+            async for _ in groups:
+                pass
+        return read.views(0, len(pids))
 
     async def write(self, items: list[PostingItem]) -> None:
         await self.lists.write(items)

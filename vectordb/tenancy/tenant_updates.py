@@ -68,6 +68,10 @@ async def place(
         _split_fresh(tenancy, shortlists, node, leaves, rows_of, fresh)
     versions = location_versions(locations)
     writes, appends = [], []
+    over = [n for n in rows_of if n not in fresh and _over(tenancy, shortlists, n)]
+    switch = await _split_with(tenancy, tenant, over, rows_of, ids, versions, vectors, leaves)
+    for _, _, made in switch:
+        writes += [item for _, _, item in made]
     for node, rows in rows_of.items():
         sl = shortlists[node]
         assert sl is not None
@@ -77,12 +81,59 @@ async def place(
             writes.append(item)
         else:
             appends.append(item)
-    await tenancy.store.write(writes)
+    await tenancy.store.write(writes)  # every new run of the call in one submission
     await tenancy.store.append(appends)
+    for node, old, made in switch:  # written: the map may point at them now
+        shortlists[node] = None
+        for child, entry, _ in made:
+            shortlists[child] = entry
+            mark_internal(shortlists, child, tree.parent, node)
+        tenancy.store.release(old.pid)
+        tenancy.counters["shortlist_splits"] += 1
     for node in rows_of:
         entry = shortlists.get(node)
         if entry is not None and entry.live > tenancy.limit and not tree.is_leaf(node):
             await _split(tenancy, tenant, node)
+
+
+def _over(tenancy: Tenancy, shortlists: TenantTreeMap, node: int) -> bool:
+    entry = shortlists[node]
+    return entry is not None and entry.live > tenancy.limit and not tenancy.tree.is_leaf(node)
+
+
+async def _split_with(
+    tenancy: Tenancy, tenant: int, nodes: list[int], rows_of: dict[int, list[int]],
+    ids: np.ndarray, versions: np.ndarray, vectors: np.ndarray, leaves: np.ndarray,
+) -> list[tuple[int, Shortlist, list[tuple[int, Shortlist, PostingItem]]]]:  # fmt: skip
+    """Split written shortlists that this call's rows push past the limit, with those rows,
+    before anything is appended (one read of the old runs and one write of the new ones,
+    not an append, a read back and a rewrite). Takes the nodes' rows out of ``rows_of``;
+    returns (node, old shortlist, [(child, shortlist, run to write)]) for the caller to write
+    and then to switch the map to (a search meanwhile reads the old run, whole)."""
+    if not nodes:
+        return []
+    shortlists = tenancy.shortlists.edit(tenant)
+    olds = [shortlists[n] for n in nodes]
+    batch = await tenancy.store.read(np.array([e.pid for e in olds if e is not None]))
+    out = []
+    for k, (node, old) in enumerate(zip(nodes, olds, strict=True)):
+        assert old is not None
+        rows = np.array(rows_of.pop(node), np.int64)
+        held = live_records(tenancy, batch.records[batch.starts[k] : batch.starts[k + 1]], tenant)
+        held = held[~np.isin(held["id"], ids[rows])]  # a stale copy of an id granted again
+        _, _, held_leaves = tenancy.table.lookup(held["id"])
+        all_ids = np.concatenate([held["id"], ids[rows]])
+        all_versions = np.concatenate([held["version"], versions[rows]])
+        all_vectors = np.concatenate([held["vector"], vectors[rows]])
+        all_leaves = np.concatenate([held_leaves, leaves[rows]])
+        made = []
+        for child, part in _distribute(tenancy, node, all_leaves, np.arange(len(all_ids))):
+            entry = Shortlist(tenancy.store.take_pid(), len(part))
+            capacity = posting_capacity(len(part), tenancy.limit)
+            fields = (all_ids[part], all_versions[part], all_vectors[part])
+            made.append((child, entry, PostingItem(entry.pid, *fields, capacity=capacity)))
+        out.append((node, old, made))
+    return out
 
 
 def _split_fresh(
