@@ -33,7 +33,8 @@ BFLOAT16_FROM_CELLS = 1 << 20
 # torch's bfloat16 kernel gains nothing and its setup and the exact second pass cost: measured
 # on debian-minilm's 5,051 heads, one query: 562 us bfloat16 against ~290 us float32 BLAS
 BFLOAT16_FROM_QUERIES = 8
-_WIDEN_HEADS = 256  # float16 heads widened at a time for a scan (384 KiB of scratch at 384-d)
+_WIDEN_HEADS = 256  # float16 heads widened at a time for a scan (384 KiB of scratch at 384-d;
+# a memory budget may lower it: Navigator.widen_heads)
 _HNSW_M = 32
 
 
@@ -56,6 +57,8 @@ class Navigator:
         self.allow_bfloat16 = True
         # queries scanned at once ([queries, heads] distances and their sort): a budget bounds it
         self.scan_queries: int | None = None
+        # float16 heads widened at a time: each scanning thread keeps that much scratch (widen)
+        self.widen_heads = _WIDEN_HEADS
 
     @property
     def n_heads(self) -> int:
@@ -114,8 +117,9 @@ class Navigator:
         if heads.dtype == np.float32:
             return queries @ heads.T
         out = np.empty((len(queries), len(heads)), np.float32)
-        for first in range(0, len(heads), _WIDEN_HEADS):
-            piece = heads[first : first + _WIDEN_HEADS]
+        step = self.widen_heads
+        for first in range(0, len(heads), step):
+            piece = heads[first : first + step]
             wide = widen_float16(piece.reshape(-1)).reshape(piece.shape)
             np.matmul(queries, wide.T, out=out[:, first : first + len(piece)])
         return out

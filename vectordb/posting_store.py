@@ -165,12 +165,17 @@ class PostingStore:
             spare = min(fitting, key=len)
             self._spares = [b for b in self._spares if b is not spare]
             return spare
-        # spares too small stay: the new buffer may be too big to keep (recycle)
+        # spares too small stay: the new buffer may be too big to keep (recycle); but where one
+        # buffer is all a tight memory budget keeps, it is freed before a larger one is made
+        if self.spare_count <= 1:
+            self._spares = []
         # new memory is slow to touch the first time (page faults; in a VM, the host backing
         # it): round up, so a slightly larger next batch still fits, but not past what is kept
         rounded = -(-size_bytes * 5 // 4 // PAGE_BYTES) * PAGE_BYTES
         if size_bytes <= self.spare_limit_bytes:
             rounded = min(rounded, self.spare_limit_bytes)
+        else:  # never kept (recycle): room for a next batch would be memory for nothing
+            rounded = -(-size_bytes // PAGE_BYTES) * PAGE_BYTES
         return aligned_empty(rounded)
 
     def recycle(self, buffer: np.ndarray) -> None:

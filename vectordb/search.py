@@ -30,7 +30,8 @@ Steps 3 and 4 for one chunk of queries are search_chunk.py. A large batch is cut
 of queries, so that one chunk's lists fit a reusable read buffer and its distance matrix stays
 within ``_CELL_BUDGET`` (under a memory budget, both scale with its read buffer); the queries
 are taken in the order of their nearest head (chunk_plan.locality_order), so a chunk holds
-queries near each other, which share lists; two chunks overlap (the next one's reads start once
+queries near each other, which share lists; two chunks overlap (one at a time under a tight
+memory budget: memory_budget.py) (the next one's reads start once
 the previous one's have landed, so the device does not idle through a chunk's last scoring and
 top-k). Small searches (up to ``SMALL_BATCH_QUERIES``) from concurrent callers are gathered
 into shared batches first (gather.py).
@@ -71,7 +72,6 @@ _READ_WHILE_NAVIGATING_AT = 128  # queries: from here reads start during the hea
 _PIECE_QUERIES = 32  # queries the loop thread navigates between two starts of reads
 _FRONT_SHARE = 0.5  # of a batch's queries navigated on the loop thread (measured: 0.25-0.5 alike)
 _CELL_BUDGET = 1 << 22  # (probe, record) distances held at once: chunks huge batches
-_CHUNKS_IN_FLIGHT = 2  # chunks whose reads and scoring overlap (each holds a read buffer)
 # queries a batch may have to be searched in one piece on the loop thread: one read, scored
 # inline (a lone query's ~8 lists score in ~50 us; a thread hop and three more groups cost more)
 SMALL_BATCH_QUERIES = 16
@@ -86,16 +86,20 @@ async def search(index: SpannIndex, queries: Any, k: int, params: SearchParams) 
     k = check_k(k, index.versions.live_count)
     if len(queries) <= SMALL_BATCH_QUERIES:  # concurrent small searches share batches
         ids, dist, bad = await _gatherer(index).search(queries, k, params)
+        # (the gathered batch's scratch is returned by run_batch, once per batch)
     else:
         ids, dist, bad = await run_batch(index, queries, k, params)
-        index.memory.after_batch()
     return SearchResult(ids, to_scores(index.metric, dist), bad)
 
 
 def _gatherer(index: SpannIndex) -> SearchGatherer:
     if index.gatherer is None:
-        slots = 1 if index.memory.tight else 2  # each batch in flight holds a read buffer
-        index.gatherer = SearchGatherer(functools.partial(run_batch, index), max_in_flight=slots)
+        memory = index.memory  # each batch in flight holds a read buffer and its scratch
+        index.gatherer = SearchGatherer(
+            functools.partial(run_batch, index),
+            max_batch_queries=memory.batch_queries,
+            max_in_flight=memory.chunks_in_flight,
+        )
     return index.gatherer
 
 
@@ -117,6 +121,7 @@ async def run_batch(
     finally:
         index.searches.discard(done)
         done.set_result(None)
+        index.memory.after_batch(len(queries), SMALL_BATCH_QUERIES)
 
 
 def check_k(k: Any, live_vectors: int) -> int:
@@ -205,12 +210,13 @@ async def _search(
             )  # fmt: skip
             running.append((rows, asyncio.ensure_future(chunk)))
             # the next chunk's reads start once this one's have landed (the device would idle
-            # through its last scoring and top-k); at most two chunks hold read buffers
+            # through its last scoring and top-k); at most two chunks hold read buffers, one
+            # under a tight memory budget (memory_budget.py)
             await asyncio.wait(  # type: ignore[type-var]
                 [asyncio.ensure_future(landed.wait()), running[-1][1]],
                 return_when=asyncio.FIRST_COMPLETED,
             )
-            if len(running) == _CHUNKS_IN_FLIGHT:
+            if len(running) >= index.memory.chunks_in_flight:
                 done_rows, task = running.pop(0)
                 ids, dist, bad = await task
                 out_ids[order[done_rows]], out_dist[order[done_rows]] = ids, dist

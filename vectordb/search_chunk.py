@@ -62,7 +62,7 @@ async def search_chunk(
     probe_query, probe_slot = np.nonzero(keep)
     probe_pid = pids[probe_query, probe_slot]
     if reads is None:
-        reads = BatchReads(index.store, buffer_bytes(index.store, unique))
+        reads = BatchReads(index.store, _buffer_bytes(index, unique))
     loop = asyncio.get_running_loop()
     scoring: list[asyncio.Future[None]] = []
     try:
@@ -107,6 +107,17 @@ async def search_chunk(
     note_small_lists(index, order, live)
     ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k, access)
     return ids, dist, corrupt
+
+
+def _buffer_bytes(index: SpannIndex, pids: np.ndarray) -> int:
+    """A chunk's read buffer: its lists and the gaps read through between them, but under a
+    memory budget no more than the budget's read buffer where the lists alone fit it (the
+    gaps are then skipped: more requests, no more memory)."""
+    bridged = buffer_bytes(index.store, pids)
+    limit = index.memory.read_buffer_bytes
+    if limit is None or bridged <= limit:
+        return bridged
+    return max(buffer_bytes(index.store, pids, bridge_pages=0), limit)
 
 
 def score_group(
