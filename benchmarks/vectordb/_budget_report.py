@@ -173,8 +173,18 @@ def headline(run: BudgetRun) -> dict[str, Any]:
             for m in MODES}
         for b in run.limits
     }  # fmt: skip
+    out["best_recall_budget"] = {
+        b: {m: {s: _best(run, b, s, m) for s in run.results.get(b, {})} for m in MODES}
+        for b in run.limits
+    }  # what a system reached where it never reached a target: [recall, QPS, knob, queries]
     out["faiss_plain"] = _plain(run)
     return out
+
+
+def _best(run: BudgetRun, budget: str, system: str, mode: str) -> list[Any] | None:
+    passes = [p for p in _passes(run, budget, system, mode) if p["queries"]]
+    best = max(passes, key=lambda p: (p["recall"], p["qps"]), default=None)
+    return None if best is None else [best["recall"], best["qps"], best["value"], best["queries"]]
 
 
 def _plain(run: BudgetRun) -> dict[str, Any] | None:

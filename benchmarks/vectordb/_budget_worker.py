@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
     # share is the index's budget as it stands
     charged = baseline_bytes if args.join and args.cgroup else 0
     ours_budget = None if args.budget_bytes is None else max(0, args.budget_bytes - charged)
-    system = make(args.system, paths, ours_budget)
+    system = make(args.system, paths, ours_budget, args.keep_open)
     values = [int(v) for v in args.knobs.split(",") if v]
     if args.system == "ours" and system.default_value not in values:
         values.append(system.default_value)  # the default SearchParams: recall_at_10_single
@@ -166,6 +166,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cgroup", help="this process's cgroup, to read its charge")
     parser.add_argument("--light", action="store_true", help="smoke: own libraries only")
     parser.add_argument("--probe", action="store_true", help="print the baseline and exit")
+    parser.add_argument("--keep-open", action="store_true", help="ours: cold without reopening")
     parser.add_argument("--join", action="store_true", help="join --cgroup after warming up")
     return parser.parse_args(argv)
 

@@ -82,12 +82,19 @@ def cached_build(
     ids: np.ndarray | None = None,
     dtype: str = "float32",
     overrides: dict[str, Any] | None = None,
+    reuse_any: bool = False,
 ) -> tuple[Path, float]:
-    """(index directory, build seconds) for ``ds`` (rows ``ids`` only, if given)."""
+    """(index directory, build seconds) for ``ds`` (rows ``ids`` only, if given).
+    ``reuse_any``: without a build by this code, the newest finished one of the same data by
+    other vectordb code (the caller vouches the on-disk format is the same: a 2M build is
+    ~10-20 min, and a timed run must not start with one)."""
     suffix = "" if dtype == "float32" else f"-{dtype}"
     suffix += "".join(f"-{key}{value}" for key, value in sorted((overrides or {}).items()))
     directory = cache_dir / f"{tag}{suffix}-{code_hash()}"
     stamp = directory / "BUILT"
+    if not stamp.exists() and reuse_any:
+        directory = next(iter(_finished_siblings(directory)), directory)
+        stamp = directory / "BUILT"
     if stamp.exists():
         log(f"ours: reusing the build in {directory}")
         return directory, float(stamp.read_text())
@@ -100,12 +107,23 @@ def cached_build(
     return directory, build_s
 
 
+def _siblings(directory: Path) -> list[Path]:
+    """The builds of the same data and settings as ``directory`` by other vectordb code."""
+    stem = directory.name.rsplit("-", 1)[0]
+    same = re.compile(re.escape(stem) + r"-[0-9a-f]{10}")
+    return [p for p in directory.parent.glob("*") if p != directory and same.fullmatch(p.name)]
+
+
+def _finished_siblings(directory: Path) -> list[Path]:
+    """Those of ``_siblings`` whose build finished, newest first."""
+    done = [p for p in _siblings(directory) if (p / "BUILT").exists()]
+    return sorted(done, key=lambda p: (p / "BUILT").stat().st_mtime, reverse=True)
+
+
 def _remove_stale_builds(directory: Path) -> None:
     """Remove the siblings of ``directory`` that differ from it only in the code hash."""
-    stem = directory.name.rsplit("-", 1)[0]
-    stale = re.compile(re.escape(stem) + r"-[0-9a-f]{10}")
-    for other in directory.parent.glob("*"):
-        if other != directory and stale.fullmatch(other.name) and not _in_use(other):
+    for other in _siblings(directory):
+        if not _in_use(other):
             log(f"ours: removing {other}, built by other vectordb code")
             shutil.rmtree(other, ignore_errors=True)
 

@@ -223,6 +223,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--budget-only", action="store_true", help="only the memory-budget part")
     parser.add_argument(
+        "--reuse-build",
+        action="store_true",
+        help="budget part: ours may search a finished build of the same data by other vectordb "
+        "code when this code's is missing (same on-disk format; said in the notes)",
+    )
+    parser.add_argument(
         "--variant",
         default="",
         help="also run ours built with these settings, e.g. replica_count=2,closure=1.25",
@@ -307,7 +313,10 @@ def _budget(
     from benchmarks.vectordb import _budget
 
     plan = _budget.SMOKE if args.smoke else _budget.QUICK if args.quick else _budget.FULL
-    return _budget.budget_part(runner, ds, args.out / "vectordb", plan, notes)
+    if len(ds.base) > _budget.BIG_ROWS:  # the 2M sets: their own knobs, ours opened once
+        plan = _budget.BIG
+    cache = args.out / "vectordb"
+    return _budget.budget_part(runner, ds, cache, plan, notes, args.reuse_build)
 
 
 def _headline(name: str, points: list[Point], extra: dict[str, Any]) -> dict[str, Any]:

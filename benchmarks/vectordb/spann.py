@@ -54,6 +54,12 @@ Without writable cgroups it runs uncapped and says so; ``--smoke`` always runs u
 
     flock /tmp/tierkit-bench.lock .venv/bin/python -m benchmarks.vectordb.spann \
         --quick --budget-only
+
+On a 2M set (``--datasets gmm-2000000 --budget-only``, ~15-20 min) the budget part has knobs of
+its own and no faiss HNSW, and ours opens once per worker (its cold start empties its list
+cache instead: _budget.BIG). Build its indexes first, outside the lock (~10-20 min niced), and
+pass ``--reuse-build`` so that an edit to vectordb/ meanwhile does not start a rebuild inside
+the timed hold (the run names the build it searched when it is by other code).
 """
 
 from __future__ import annotations
