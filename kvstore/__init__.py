@@ -5,7 +5,8 @@ KVBlockStore      blocks by hash, namespaced by a ModelFingerprint: lookup (long
 SyncKVBlockStore  the same for threads (vLLM's connector hooks)
 ModelFingerprint  what makes two models' blocks interchangeable; chain_hashes: stable
                   sha256 block hashes of token ids
-BLOCK_POLICIES    eviction: "lru", "cost", "prefix" (leaves of the prefix tree first)
+BLOCK_POLICIES    eviction: "lru", "cost", "prefix" (leaves of the prefix tree first),
+                  "prefix-admit" ("prefix" behind a learned admission filter)
 """
 
 from kvstore.block_store import KVBlockStore
