@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.kvstore.belady import belady
-from benchmarks.kvstore.lru_model import lru_prefix_hits, lru_store_model_hits
+from benchmarks.kvstore.lru_model import (
+    lru_oracle_admission_hits,
+    lru_prefix_hits,
+    lru_store_model_hits,
+)
 from benchmarks.kvstore.replay import (
     REPLAY_FP,
     ReplayCounts,
@@ -111,6 +115,9 @@ async def capacity_cell(
         "lru_store_model_hit_rate": round(
             lru_store_model_hits(requests, capacity_blocks) / optimum.accesses, 5
         ),
+        "lru_oracle_admission_hit_rate": round(
+            lru_oracle_admission_hits(requests, capacity_blocks) / optimum.accesses, 5
+        ),
         "policies": {},
     }
     for policy in POLICIES:
@@ -127,6 +134,9 @@ async def capacity_cell(
     cell["best_vs_lru_model"] = _ratio(rates[best], cell["lru_model_hit_rate"])
     cell["best_vs_store_lru"] = _ratio(rates[best], rates["lru"])
     cell["prefix_vs_lru_model"] = _ratio(rates["prefix"], cell["lru_model_hit_rate"])
+    cell["lru_oracle_admission_vs_belady"] = _ratio(
+        cell["lru_oracle_admission_hit_rate"], optimum.block_hit_rate
+    )
     return cell
 
 

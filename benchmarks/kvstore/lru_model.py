@@ -11,6 +11,11 @@ blocks go in, never by evicting the blocks being stored or their parent; a chain
 the free room keeps its first blocks (a later block is useless without them); a block already
 cached past the prefix is skipped, not refreshed. The store's "lru" must match it exactly.
 
+``lru_oracle_admission_hits`` is the textbook LRU that stores only blocks the trace uses again
+(an admission oracle, offline): how much of the gap to Belady is *which* blocks to admit rather
+than which to evict. An online store cannot know this; the figure bounds what a perfect
+admission rule in front of LRU would give.
+
 Hit rate = prefix hits / accesses. Thread-safety: pure functions.
 """
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["lru_prefix_hits", "lru_store_model_hits"]
+__all__ = ["lru_oracle_admission_hits", "lru_prefix_hits", "lru_store_model_hits"]
 
 
 def _prefix(chain: Sequence[int], cache: OrderedDict[int, None]) -> int:
@@ -73,4 +78,28 @@ def lru_store_model_hits(requests: Sequence[Sequence[int]], capacity_blocks: int
         room = min(fits, capacity_blocks - len(cache))
         for block in fresh[:room]:
             cache[block] = None
+    return hits
+
+
+def lru_oracle_admission_hits(requests: Sequence[Sequence[int]], capacity_blocks: int) -> int:
+    """Prefix hits of a textbook LRU that admits only blocks accessed again later (module doc)."""
+    last_access: dict[int, int] = {}
+    position = 0
+    for chain in requests:
+        for block in chain:
+            last_access[block] = position
+            position += 1
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    position = 0
+    for chain in requests:
+        cached = _prefix(chain, cache)
+        hits += cached
+        for offset, block in enumerate(chain):
+            if offset >= cached and last_access[block] > position + offset:
+                cache[block] = None
+                cache.move_to_end(block)
+                while len(cache) > capacity_blocks:
+                    cache.popitem(last=False)
+        position += len(chain)
     return hits

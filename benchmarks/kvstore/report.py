@@ -41,6 +41,10 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
         "hit_rate_vs_belady_10pct": ten["best_vs_belady"] if ten else None,
         # vs the textbook LRU (lru_model.lru_prefix_hits), not the store's own "lru"
         "hit_rate_vs_lru_10pct": ten["best_vs_lru_model"] if ten else None,
+        # offline: LRU admitting only blocks used again; what admission alone could recover
+        "oracle_admission_lru_vs_belady_10pct": (
+            ten["lru_oracle_admission_vs_belady"] if ten else None
+        ),
         "load_gbps_vs_tier": throughput.get("load_gbps_vs_tier"),
         "reopen_s_per_million_blocks": reopen[-1]["s_per_million_blocks"] if reopen else None,
         # None where no replay ran (skipped sections), not a vacuous 0

@@ -25,7 +25,11 @@ from benchmarks.kvstore.crosscheck_belady import (
     random_flat_trace,
     random_forest_trace,
 )
-from benchmarks.kvstore.lru_model import lru_prefix_hits, lru_store_model_hits
+from benchmarks.kvstore.lru_model import (
+    lru_oracle_admission_hits,
+    lru_prefix_hits,
+    lru_store_model_hits,
+)
 from benchmarks.kvstore.replay import ReplayCounts, open_replay_store, replay_requests
 from benchmarks.kvstore.trace import check_prefix_forest, synthetic_trace
 
@@ -66,6 +70,19 @@ def test_belady_keeps_what_lru_cycles_out() -> None:
     forest = [[0, 1, 2], [0, 1, 3], [0, 4]]
     result = belady(forest, 3)
     assert (result.block_hits, result.prefix_hits, result.accesses) == (3, 3, 8)
+
+
+def test_oracle_admission_lru_between_lru_and_belady() -> None:
+    # one-use blocks 9 and 8 between the reuses: LRU admits them and loses block 1 (capacity 1)
+    trace = [[1], [9], [1], [8], [1]]
+    assert lru_prefix_hits(trace, 1) == 0
+    assert lru_oracle_admission_hits(trace, 1) == 2
+    rng = random.Random(11)
+    for _ in range(200):
+        trace = random_forest_trace(rng, rng.randint(2, 12), roots=3)
+        for capacity in range(5):
+            oracle = lru_oracle_admission_hits(trace, capacity)
+            assert oracle <= belady(trace, capacity).block_hits, (trace, capacity)
 
 
 def test_prefix_forest_check() -> None:
