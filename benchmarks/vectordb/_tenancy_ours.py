@@ -427,6 +427,7 @@ def _scratch_copy(build: Path, work: Path) -> Path:
     """A copy of ``build`` to change, or ``build`` itself when the disk has no room for one (a
     1M tenancy build is ~12 GiB): its BUILT stamp goes, so the next run builds it again."""
     shutil.rmtree(work, ignore_errors=True)
+    work.parent.mkdir(parents=True, exist_ok=True)  # a fresh --out has no scratch folder yet
     if shutil.disk_usage(work.parent).free < index_bytes(build) + (4 << 30):
         log(f"ours_updates: no room for a copy of {build}: changing it in place")
         (build / "BUILT").unlink(missing_ok=True)
