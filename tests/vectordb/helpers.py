@@ -1,4 +1,5 @@
-"""Shared pieces of the vectordb tests: clustered data, a brute-force oracle, recall."""
+"""Shared pieces of the vectordb tests: clustered data, a brute-force oracle, recall, and
+runs cut short by a power cut or a kill."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
+from tiers.io import IORuntime, ThreadEngine
+from tiers.io.errors import EngineClosedError
+from tiers.testing.faulty_engine import PowerCutAt
+from vectordb import SpannIndex
 from vectordb.metric import Metric, pairwise_distances, prepare, to_scores
 
 
@@ -67,3 +74,34 @@ def run_and_kill(
     process.stdout.close()
     process.stderr.close()
     return acked
+
+
+async def run_until_power_cut(
+    directory: Path,
+    ops: Sequence[Any],
+    run_op: Callable[[SpannIndex, Any], Awaitable[object]],
+    cut_at: int,
+    *,
+    seed: int = 0,
+    keep: Literal["none", "random"] = "random",
+) -> tuple[int, list[int]]:
+    """Opens the index at ``directory`` over an engine that loses power before its
+    ``cut_at``-th batch and runs ``ops`` in order through ``run_op``: (how many calls were
+    acknowledged, the engine's batch count when each call began, then its final count)."""
+    engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed, keep=keep)
+    acked, starts = 0, list[int]()
+    try:
+        index = await SpannIndex.open(directory, runtime=IORuntime(engine=lambda *_: engine))
+    except EngineClosedError:
+        return acked, [engine.batches]
+    try:
+        for op in ops:
+            starts.append(engine.batches)
+            await run_op(index, op)
+            acked += 1
+    except EngineClosedError:
+        pass
+    finally:
+        await index.aclose()
+        await engine.aclose()
+    return acked, [*starts, engine.batches]

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 from tests.vectordb import crash_writer as writer
-from tests.vectordb.helpers import clustered, run_and_kill
-from tiers.io import IORuntime, ThreadEngine
-from tiers.io.errors import CorruptionError, EngineClosedError
-from tiers.testing.faulty_engine import PowerCutAt
+from tests.vectordb.helpers import clustered, run_and_kill, run_until_power_cut
+from tiers.io.errors import CorruptionError
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.index import POSTINGS_FILE
 
@@ -61,26 +59,16 @@ def test_power_cut_at_many_points_keeps_every_acknowledged_update(
 ) -> None:
     ops = writer.schedule(seed)[:16]
 
+    async def run_op(index: SpannIndex, op: writer.Op) -> None:
+        kind, ids, vectors = op
+        if kind == "insert":
+            await index.insert(ids, vectors)
+        else:
+            await index.delete(ids)
+
     async def run(directory: Path, cut_at: int) -> tuple[int, int]:
-        engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed)
-        acked = 0
-        try:
-            index = await SpannIndex.open(directory, runtime=IORuntime(engine=lambda *_: engine))
-        except EngineClosedError:
-            return acked, engine.batches
-        try:
-            for kind, ids, vectors in ops:
-                if kind == "insert":
-                    await index.insert(ids, vectors)
-                else:
-                    await index.delete(ids)
-                acked += 1
-        except EngineClosedError:
-            pass
-        finally:
-            await index.aclose()
-            await engine.aclose()
-        return acked, engine.batches
+        acked, starts = await run_until_power_cut(directory, ops, run_op, cut_at, seed=seed)
+        return acked, starts[-1]
 
     async def main() -> None:
         dry = tmp_path / "dry"

@@ -20,10 +20,8 @@ from typing import Any
 import numpy as np
 
 from tests.vectordb import tenancy_crash_writer as writer
+from tests.vectordb.helpers import run_until_power_cut
 from tests.vectordb.tenancy_check import EXACT, Model, assert_index_matches
-from tiers.io import IORuntime, ThreadEngine
-from tiers.io.errors import EngineClosedError
-from tiers.testing.faulty_engine import PowerCutAt
 from vectordb import SpannIndex
 
 TENANTS: list[Any] = [*writer.TENANTS, "never-granted"]
@@ -59,23 +57,7 @@ async def _run_op(index: SpannIndex, op: tuple[Any, ...]) -> None:
 async def _run(directory: Path, cut_at: int) -> tuple[int, list[int]]:
     """OPS over an engine that loses power before its ``cut_at``-th batch: (acknowledged
     calls, the engine's batch count when each call began, and at the end)."""
-    engine = PowerCutAt(ThreadEngine(4), cut_at, seed=cut_at, keep="random")
-    acked, starts = 0, list[int]()
-    try:
-        index = await SpannIndex.open(directory, runtime=IORuntime(engine=lambda *_: engine))
-    except EngineClosedError:
-        return acked, starts
-    try:
-        for op in OPS:
-            starts.append(engine.batches)
-            await _run_op(index, op)
-            acked += 1
-    except EngineClosedError:
-        pass
-    finally:
-        await index.aclose()
-        await engine.aclose()
-    return acked, [*starts, engine.batches]
+    return await run_until_power_cut(directory, OPS, _run_op, cut_at, seed=cut_at)
 
 
 async def _check(directory: Path, acked: int) -> None:

@@ -15,16 +15,13 @@ import numpy as np
 import pytest
 
 from tests.vectordb import tenancy_crash_writer as writer
-from tests.vectordb.helpers import run_and_kill
+from tests.vectordb.helpers import run_and_kill, run_until_power_cut
 from tests.vectordb.tenancy_check import (
     EVERYTHING,
     Model,
     assert_index_matches,
     assert_no_leaks,
 )
-from tiers.io import IORuntime, ThreadEngine
-from tiers.io.errors import EngineClosedError
-from tiers.testing.faulty_engine import PowerCutAt
 from vectordb import SearchParams, SpannIndex
 
 PROBE_TENANTS: list[Any] = [*writer.TENANTS, "never-granted"]
@@ -100,22 +97,10 @@ async def _run(
 ) -> tuple[int, int]:
     """Runs ``ops`` over an engine that loses power before its ``cut_at``-th batch; returns how
     many were acknowledged, and the engine's batch count."""
-    engine = PowerCutAt(ThreadEngine(4), cut_at, seed=seed, keep=keep)
-    acked = 0
-    try:
-        index = await SpannIndex.open(directory, runtime=IORuntime(engine=lambda *_: engine))
-    except EngineClosedError:
-        return acked, engine.batches
-    try:
-        for op in ops:
-            await writer.run_op(index, op)
-            acked += 1
-    except EngineClosedError:
-        pass
-    finally:
-        await index.aclose()
-        await engine.aclose()
-    return acked, engine.batches
+    acked, starts = await run_until_power_cut(
+        directory, ops, writer.run_op, cut_at, seed=seed, keep=keep
+    )
+    return acked, starts[-1]
 
 
 @pytest.mark.parametrize(("seed", "keep"), [(1, "random"), (3, "none")])
