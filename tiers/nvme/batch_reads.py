@@ -203,9 +203,11 @@ class _Spans:
 def _destinations(outs: list[Any], sizes: np.ndarray, in_place: np.ndarray) -> np.ndarray:
     """Check each destination (room for its row's ``sizes`` bytes), raising for the first bad
     one (before any I/O); returns per row the address of a page-aligned numpy destination
-    that takes its row's read itself (``in_place`` rows only), else 0 (staged)."""
+    that takes its row's read itself (``in_place`` rows only), else 0 (staged); all 0 when
+    any destination read in place shares a byte with another destination."""
     sizes_l = sizes.tolist()
     found = [0] * len(outs)
+    views: dict[int, np.ndarray] = {}  # the staged destinations, checked
     for i, (out, whole) in enumerate(zip(outs, in_place.tolist(), strict=True)):
         if out is None:
             continue  # a view of the staging buffer
@@ -216,11 +218,19 @@ def _destinations(outs: list[Any], sizes: np.ndarray, in_place: np.ndarray) -> n
             else:
                 writable_view(out, sizes_l[i])  # the error a get raises
         else:
-            writable_view(out, sizes_l[i])
-    addresses = np.array(found, np.int64)
+            views[i] = writable_view(out, sizes_l[i])
+    spans = np.array(found, np.int64)
+    addresses = spans.copy()
     addresses[(addresses & _PAGE_MASK) != 0] = 0
     direct = addresses != 0
-    if direct.any() and _overlap(addresses[direct], sizes[direct]):
+    if not direct.any():
+        return addresses
+    # a staged destination is written by the checks, after every read landed: one sharing
+    # bytes with a destination read in place would overwrite that record before its check
+    for i, view in views.items():
+        spans[i] = view.__array_interface__["data"][0] if view.nbytes else 0
+    taken = (spans != 0) & (sizes > 0)
+    if _overlap(spans[taken], sizes[taken]):
         addresses[:] = 0  # destinations share bytes: staged, copied in key order as before
     return addresses
 

@@ -42,9 +42,14 @@ raises if it failed, in which case none of that transaction's changes happened).
 Concurrency: loop thread only. Blocking LMDB calls run on the writer's one private thread,
 which is also what keeps LMDB's one-writer rule. ``entries`` (the in-memory mirror, for I/O-free
 ``size_of``/``keys``) changes only in the loop thread, right after a commit succeeds.
+``rows`` mirrors it for get_many's compiled planner: each entry without a chunk extension as
+40 bytes (file, offset, size, crc32, version: little-endian u64s, read as int64s), so a batch's
+table is one ``b"".join`` of dict lookups (tiers.nvme.whole_reads), not five integer objects per
+key gathered from scattered tuples (~0.5 us an object at 4 KiB); ~110 bytes of memory an entry.
 Invariants: ``entries`` equals the committed ``objects`` database, ``entry_count`` its size and
-``used_bytes`` the sum of their sizes; every version handed out by :meth:`take_version` is
-unique and above every committed one, across restarts.
+``used_bytes`` the sum of their sizes; ``rows`` holds exactly the keys of ``entries`` whose
+entry has no chunk extension, each as ``pack_row(entry)``; every version handed out by
+:meth:`take_version` is unique and above every committed one, across restarts.
 """
 
 from __future__ import annotations
@@ -58,10 +63,12 @@ from tiers.nvme.chunks import extension_problem
 from tiers.storage.lmdb_env import LmdbWriter, lmdb_errors, open_lmdb, write_growing
 from tiers.storage.lmdb_records import seal, unseal
 
-__all__ = ["Catalog", "CatalogEntry"]
+__all__ = ["ROW_FIELDS", "Catalog", "CatalogEntry", "pack_row"]
 
 CATALOG_FORMAT_VERSION = 2
 _ENTRY = struct.Struct("<IQQIQ")
+_ROW = struct.Struct("<5Q")  # read as int64: a value past 2**63 turns negative, which no plan takes
+ROW_FIELDS = 5  # file, offset, size, crc32, version
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _META = {b"format_version": _U32, b"next_version": _U64, b"entry_count": _U64}
@@ -100,6 +107,11 @@ class CatalogEntry(NamedTuple):
 _Change = tuple[str, CatalogEntry | None]
 
 
+def pack_row(entry: CatalogEntry) -> bytes:
+    """``entry``'s row in ``Catalog.rows``: its five base fields as little-endian int64s."""
+    return _ROW.pack(*entry[:ROW_FIELDS])
+
+
 class Catalog:
     """The LMDB catalog of one NvmeTier directory. ``await open()`` before use."""
 
@@ -107,6 +119,7 @@ class Catalog:
         self.path = path
         self.data_path = os.path.join(path, "data.mdb")  # what a CorruptionError names
         self.entries: dict[str, CatalogEntry] = {}
+        self.rows: dict[str, bytes] = {}  # pack_row of each entry without a chunk extension
         self.used_bytes = 0  # sum of the sizes in ``entries``
         self.next_version = 1
         self.commits = 0  # LMDB transactions committed (group commits count once)
@@ -158,12 +171,16 @@ class Catalog:
         count = self._count_after(changes)
         await self._writer.call(self._commit_sync, changes, self.next_version, count)
         self.commits += 1
+        rows = self.rows
         for key, entry in changes:
             old = self.entries.pop(key, None)
             self.used_bytes -= old.size_bytes if old is not None else 0
+            rows.pop(key, None)
             if entry is not None:
                 self.entries[key] = entry
                 self.used_bytes += entry.size_bytes
+                if not entry.chunks:
+                    rows[key] = pack_row(entry)
 
     def _count_after(self, changes: list[_Change]) -> int:
         """How many entries the catalog holds once ``changes`` (in order) commit."""
@@ -195,6 +212,7 @@ class Catalog:
             next_version, count = self._read_meta(txn)
             entries = self._read_entries(txn, count)
         self.entries = entries
+        self.rows = {key: pack_row(entry) for key, entry in entries.items() if not entry.chunks}
         self.used_bytes = sum(entry.size_bytes for entry in entries.values())
         versions = (entry.version + 1 for entry in entries.values())
         self.next_version = max(next_version, *versions, 1)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["crc32_at", "crc32_many", "payload_crc32"]
+__all__ = ["crc32_at", "crc32_many", "payload_crc32", "row_checker"]
 
 log = logging.getLogger("tierkit.tiers")
 
@@ -83,6 +83,14 @@ def crc32_many(addresses_bytes: np.ndarray, sizes_bytes: np.ndarray) -> np.ndarr
 
 
 _compiled: list[Any] = []  # [the numba loop, or None], built on first use
+_checker: list[Any] = []  # [crc_loop.check_rows] once the loop is built
+
+
+def row_checker() -> Any:
+    """``crc_loop.check_rows`` (the first row of a batch that came short or fails its CRC-32,
+    or -1), or None where the compiled loop is unavailable (the caller checks another way)."""
+    _compiled_rows()
+    return _checker[0] if _checker else None
 
 
 def _compiled_rows() -> Any:
@@ -101,11 +109,18 @@ def _build_rows() -> Any:
     import llvmlite.binding as llvm  # type: ignore[import-untyped]
 
     llvm.load_library_permanently(_FAST_CRC32_LIBRARY[0])
-    from tiers.nvme.crc_loop import crc_rows as rows  # after the library: see crc_loop
+    from tiers.nvme.crc_loop import check_rows, crc_rows  # after the library: see crc_loop
 
     probe = np.frombuffer(b"123456789", np.uint8)
     got = np.zeros(1, np.int64)
-    rows(np.array([probe.ctypes.data], np.int64), np.array([9], np.int64), got)
+    addresses, sizes = np.array([probe.ctypes.data], np.int64), np.array([9], np.int64)
+    crc_rows(addresses, sizes, got)
     if int(got[0]) != zlib.crc32(b"123456789"):
         raise RuntimeError("the compiled CRC-32 loop disagrees with zlib")
-    return rows
+    if (
+        check_rows(addresses, sizes, got, sizes) != -1
+        or check_rows(addresses, sizes, got + 1, sizes) != 0
+    ):
+        raise RuntimeError("the compiled CRC-32 check disagrees with zlib")
+    _checker.append(check_rows)
+    return crc_rows

@@ -9,7 +9,7 @@ process.
 
 Precondition: import this module only after ``llvmlite.binding.load_library_permanently`` has
 loaded libdeflate (``checksums._build_rows`` does), or linking the loop fails.
-Concurrency: ``crc_rows`` is ``nogil`` and pure over caller-owned arrays.
+Concurrency: ``crc_rows`` and ``check_rows`` are ``nogil`` and pure over caller-owned arrays.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from numba import njit, types
 
-__all__ = ["crc_rows"]
+__all__ = ["check_rows", "crc_rows"]
 
 _crc: Any = types.ExternalFunction(
     "libdeflate_crc32", types.uint32(types.uint32, types.uint64, types.uint64)
@@ -30,3 +30,13 @@ def crc_rows(addresses: Any, sizes: Any, out: Any) -> None:  # pragma: no cover 
     """out[i] = CRC-32 of the ``sizes[i]`` bytes at address ``addresses[i]`` (int64 arrays)."""
     for i in range(addresses.shape[0]):
         out[i] = _crc(0, addresses[i], sizes[i])
+
+
+@njit(nogil=True, cache=True)
+def check_rows(addresses: Any, sizes: Any, expected: Any, moved: Any) -> int:  # pragma: no cover
+    """The first row whose read came short (``moved[i] < sizes[i]``) or whose ``sizes[i]``
+    bytes at ``addresses[i]`` do not sum to ``expected[i]``; -1 when every row passes."""
+    for i in range(addresses.shape[0]):
+        if moved[i] < sizes[i] or _crc(0, addresses[i], sizes[i]) != expected[i]:
+            return i
+    return -1

@@ -1,9 +1,6 @@
 """NvmeReads: the get and get_many half of NvmeTier, with concurrent gets gathered.
 
-A ``get_many`` looks its keys up and hands the entries found to tiers.nvme.batch_reads, which
-plans, moves (one engine submission) and checks them over arrays, whole pages straight into
-page-aligned destinations; a batch with a damaged entry or a record above 1 GiB takes the path
-of single gets instead (a RecordRead per key, RecordIO.read_many). A single ``get`` joins the
+``get_many`` is tiers.nvme.many_reads' (a batch, one submission). A single ``get`` joins the
 gets of the same loop iteration: the first one queues a gathering task, the others (from any
 task) add themselves, and the task reads all of them with one ``read_many``, so N tasks each
 awaiting one get cost one submission, one staging buffer and one wake-up, not N of each (a lone
@@ -28,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterable
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
-from tiers.io.errors import CorruptionError, EngineClosedError, InvalidArgumentError
-from tiers.nvme.batch_reads import read_batch
-from tiers.nvme.catalog import Catalog, CatalogEntry
+from tiers.io.errors import CorruptionError, EngineClosedError
+from tiers.nvme.catalog import Catalog
 from tiers.nvme.chunks import window
 from tiers.nvme.format import is_bare, key_hash
+from tiers.nvme.many_reads import ManyReads
 from tiers.nvme.records import RecordIO, RecordRead, writable_view
 from tiers.nvme.space import ExtentSpace
 from tiers.storage.op_guard import OpGuard
@@ -44,11 +41,10 @@ from tiers.storage.tier import ByteRange, check_key, resolve_range
 __all__ = ["NvmeReads"]
 
 _Pending = tuple[str, Any, ByteRange | None, asyncio.Future[Any]]
-_MAX_KEY_BYTES = 511  # check_key's limit; an ASCII key has as many bytes as characters
 
 
-class NvmeReads:
-    """Mixed into NvmeTier; the attributes below are the tier's."""
+class NvmeReads(ManyReads):
+    """Mixed into NvmeTier; the attributes below are the tier's (get_many: ManyReads)."""
 
     name: str
     counters: dict[str, int]
@@ -79,91 +75,6 @@ class NvmeReads:
             self._gathering = asyncio.ensure_future(self._serve_gathered(tracked))
         self._gathered.append((key, into, byte_range, future))
         return await future
-
-    async def get_many(
-        self,
-        keys: Iterable[str],
-        into: list[Any] | None = None,
-        *,
-        byte_ranges: list[ByteRange | None] | None = None,
-    ) -> list[Any]:
-        """The objects of ``keys``, aligned with them (None where absent), read in one engine
-        submission; ``into``: one destination per key (or None), as ``get``'s;
-        ``byte_ranges``: one (offset, size) per key (or None: the whole object), as ``get``'s
-        ``byte_range`` (of a chunked record only the chunks that cover it are read).
-
-        Raises: as ``get``, for the first key that fails (nothing is returned then).
-        """
-        keys = list(keys)
-        find = self._open_catalog().entries.get
-        try:
-            found = [find(key) for key in keys]
-        except TypeError:  # an unhashable key: the check below names it
-            found = [None] * len(keys)
-        slots = [i for i, entry in enumerate(found) if entry is not None]
-        if len(slots) < len(keys):
-            # a key the catalog holds passed check_key when it was put: only misses are checked,
-            # in key order, so the first bad key raises as before (none of them is ever found)
-            for i, key in enumerate(keys):
-                if found[i] is None and (
-                    type(key) is not str or not key.isascii() or not 0 < len(key) <= _MAX_KEY_BYTES
-                ):
-                    check_key(key)  # the common case above needs no encode
-        n = len(keys)
-        if into is not None and len(into) != n:
-            raise InvalidArgumentError(f"{len(into)} destinations for {n} keys")
-        if byte_ranges is not None and len(byte_ranges) != n:
-            raise InvalidArgumentError(f"{len(byte_ranges)} byte ranges for {n} keys")
-        self.counters["gets"] += n
-        self.counters["misses"] += n - len(slots)
-        results: list[Any] = [None] * n
-        if not slots:
-            return results
-        if self._damaged and any(keys[i] in self._damaged for i in slots):
-            return await self._get_many_planned(keys, into, byte_ranges)  # errors in key order
-        entries = cast(list[CatalogEntry], found)
-        if len(slots) < n:
-            keys = [keys[i] for i in slots]
-            entries = [entries[i] for i in slots]
-            into = None if into is None else [into[i] for i in slots]
-            byte_ranges = None if byte_ranges is None else [byte_ranges[i] for i in slots]
-        space, records = self._space, self._records
-        assert space is not None and records is not None
-        try:
-            with self._ops.track():
-                got = await read_batch(
-                    records, space, keys, entries, into, self._bare_from, byte_ranges
-                )
-        except CorruptionError:
-            self.counters["corruptions"] += 1
-            raise
-        if got is None:  # a record above 1 GiB: RecordIO's path (which counts the hits)
-            got = await self._get_many_planned(keys, into, byte_ranges)
-        else:
-            self.counters["hits"] += len(slots)
-        for slot, value in zip(slots, got, strict=True):
-            results[slot] = value
-        return results
-
-    async def _get_many_planned(
-        self, keys: list[str], into: list[Any] | None, byte_ranges: list[ByteRange | None] | None
-    ) -> list[Any]:
-        """get_many through a RecordRead per key (damaged entries, records above 1 GiB)."""
-        outs = into if into is not None else [None] * len(keys)
-        spans = byte_ranges if byte_ranges is not None else [None] * len(keys)
-        results: list[Any] = [None] * len(keys)
-        reads: list[RecordRead] = []
-        slots: list[int] = []
-        for slot, key in enumerate(keys):
-            read = self._plan(key, outs[slot], spans[slot])
-            if read is not None:
-                reads.append(read)
-                slots.append(slot)
-        if reads:
-            got = await self._execute(reads, count_corruption=True)
-            for slot, value in zip(slots, got, strict=True):
-                results[slot] = value if outs[slot] is None else outs[slot]
-        return results
 
     # ----------------------------------------------------------------- gathering
     async def _serve_gathered(self, tracked: contextlib.AbstractContextManager[None]) -> None:

@@ -57,6 +57,15 @@ class OpGuard:
         finally:
             self._finished()
 
+    def enter(self) -> None:
+        """``track`` for hot paths (a generator context costs ~1.5 us): count one operation in
+        flight; the caller must call :meth:`leave` once, in a ``finally``."""
+        self.inflight += 1
+
+    def leave(self) -> None:
+        """The operation counted by :meth:`enter` is over."""
+        self._finished()
+
     async def shielded(self, operation: Coroutine[Any, Any, T]) -> T:
         """Run ``operation`` to its end even if the caller is cancelled meanwhile."""
         self.inflight += 1
