@@ -55,9 +55,10 @@ def host_bytes(obj: Any, *, writable: bool = False) -> np.ndarray:
     """
     if isinstance(obj, np.ndarray):  # the hot path of a tier hit: keep it short
         if obj.dtype is U8 and obj.ndim == 1:
-            if writable and not obj.flags.writeable:
+            flags = obj.flags  # one flags object, not one per test: ~0.1 us of a 2 us hit
+            if writable and not flags.writeable:
                 raise InvalidArgumentError("the destination array is read-only")
-            if not obj.flags.c_contiguous:
+            if not flags.c_contiguous:
                 raise InvalidArgumentError("numpy buffers must be C-contiguous")
             return obj
         if not obj.flags.c_contiguous or obj.dtype.hasobject:

@@ -23,7 +23,6 @@ OpGuard (``aclose`` waits for it); every queued get's future is resolved exactly
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -70,14 +69,13 @@ class NvmeReads(ManyReads):
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self._gathered is None:
             self._gathered = []
-            tracked = self._ops.track()
-            tracked.__enter__()  # until the task ends: aclose waits for queued gets too
-            self._gathering = asyncio.ensure_future(self._serve_gathered(tracked))
+            self._ops.enter()  # until the task ends: aclose waits for queued gets too
+            self._gathering = asyncio.ensure_future(self._serve_gathered())
         self._gathered.append((key, into, byte_range, future))
         return await future
 
     # ----------------------------------------------------------------- gathering
-    async def _serve_gathered(self, tracked: contextlib.AbstractContextManager[None]) -> None:
+    async def _serve_gathered(self) -> None:
         """Read every get queued before this task's first step, in one submission."""
         pending, self._gathered = self._gathered or [], None
         try:
@@ -116,7 +114,7 @@ class NvmeReads(ManyReads):
         finally:
             for *_, future in pending:
                 future.cancel()  # only if this task was cancelled before settling it
-            tracked.__exit__(None, None, None)
+            self._ops.leave()
 
     async def _serve_alone(self, reads: list[RecordRead], owners: list[_Pending]) -> None:
         for read, (_, into, _, future) in zip(reads, owners, strict=True):
