@@ -21,19 +21,27 @@ assembler is a pure function of its batch and dataset, run by any one thread or 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from torch.utils.data import default_collate
 
-from dataload.collate import Assembled, OnError
+from dataload.collate import Assembled, OnError, collate
 from dataload.errors import SampleReadError, SourceError, TransformError
-from dataload.located import is_located
+from dataload.located import is_located, locate_batch
 from dataload.slabs import SlabPool
 from dataload.source import SampleBatch, Source, sample_errors_from
-from tiers.io import FileHandle, InvalidArgumentError, IOEngine, ReadRequest, StorageError
+from tiers.io import (
+    FileHandle,
+    InvalidArgumentError,
+    IOBatch,
+    IOEngine,
+    Op,
+    StorageError,
+    as_buffer,
+)
 
 __all__ = ["DatasetAssembler", "DatasetSource", "SourceLabel"]
 
@@ -81,39 +89,52 @@ class DatasetSource(Source):
         indices = self.check_indices(indices)
         if not self.located:
             return SampleBatch(indices)
-        spots = [self.dataset.locate(i) for i in indices.tolist()]
-        sizes = np.fromiter((int(s[2]) for s in spots), np.int64, len(spots))
-        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        data = slabs.acquire(int(sizes.sum()))
-        batch = SampleBatch(indices, data, starts, sizes)
-        paths = [str(s[0]) for s in spots]
-        for path in paths:
-            self._pinned[path] = self._pinned.get(path, 0) + 1
+        paths, path_ids, offsets, sizes = locate_batch(self.dataset, indices)
+        starts = np.zeros(len(sizes), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        batch = SampleBatch(indices, slabs.acquire(int(sizes.sum())), starts, sizes)
+        used, rows = np.unique(path_ids, return_inverse=True)  # rows: each sample's file
+        names = [os.fspath(paths[k]) for k in used.tolist()]
+        for path in names:
+            self._pinned[path] = self._pinned.get(path, 0) + 1  # not evicted while in use
         try:
-            await self._open_missing(paths, batch)
-            requests, positions = [], []
-            for position, (path, offset, size) in enumerate(spots):
-                handle = self._handles.get(path)
-                if handle is not None and size:
-                    at = int(starts[position])
-                    view = data[at : at + int(size)]
-                    requests.append(ReadRequest(handle, int(offset), view))
-                    positions.append(position)
-            if requests:
-                await self._submit(batch, requests, np.array(positions, np.int64))
+            handles = await self._open_all(names, rows, batch)
+            await self._read_spans(batch, handles, rows.reshape(-1), offsets)
         finally:
-            for path in paths:
+            for path in names:
                 self._pinned[path] -= 1
                 if not self._pinned[path]:
                     del self._pinned[path]
         return batch
 
-    async def _submit(self, batch: SampleBatch, requests: list, positions: np.ndarray) -> None:
-        assert self._engine is not None and batch.sizes is not None
+    async def _read_spans(
+        self, batch: SampleBatch, handles: list[FileHandle | None], rows: np.ndarray, offsets: Any
+    ) -> None:
+        """Every span of the batch in one engine submission, built as arrays (a Python object
+        per sample would cost more on the loop thread than the read itself)."""
+        assert self._engine is not None and batch.sizes is not None and batch.starts is not None
+        wanted = batch.sizes > 0
+        if any(handle is None for handle in handles):
+            wanted &= np.array([handle is not None for handle in handles])[rows]
+        positions = np.flatnonzero(wanted)
+        if not len(positions):
+            return
+        base = as_buffer(batch.data)
+        files = [handles[k] for k in rows[positions].tolist()]
         expected = batch.sizes[positions]
+        io = IOBatch(
+            np.full(len(positions), Op.READ, np.uint8),
+            files,
+            (batch.starts[positions] + base.address).astype(np.uint64),
+            expected.copy(),
+            offsets[positions].copy(),
+            [base.owner],
+        )
+        io.validate()
         failure = None
         try:
-            got = np.array(await self._engine.submit(requests), np.int64)
+            await self._engine.run(io)
+            got = io.results
         except StorageError as exc:
             failure = exc
             got = np.array([r if isinstance(r, int) else -1 for r in exc.batch_results or []])
@@ -122,32 +143,38 @@ class DatasetSource(Source):
             batch.errors.update({int(positions[k]): error for k, error in fails.items()})
         batch.bytes_read = int(np.clip(got, 0, None).sum())
 
-    async def _open_missing(self, paths: list[str], batch: SampleBatch) -> None:
-        """Open the batch's files not yet open, all at once (a folder of images: one file per
-        sample, so opening them one after another would be a serial chain of syscalls)."""
+    async def _open_all(
+        self, names: list[str], rows: np.ndarray, batch: SampleBatch
+    ) -> list[FileHandle | None]:
+        """A handle per file of the batch (None: it failed to open, its samples failed), the
+        missing ones opened all at once (a folder of images: one file per sample, so opening
+        them one after another would be a serial chain of syscalls)."""
         assert self._engine is not None
         engine = self._engine
-        missing = list(dict.fromkeys(p for p in paths if p not in self._handles))
+        missing = [path for path in names if path not in self._handles]
         if missing:
-            opens = (engine.open(path) for path in missing)
-            opened = await asyncio.gather(*opens, return_exceptions=True)
+            opened = await asyncio.gather(*map(engine.open, missing), return_exceptions=True)
             for path, handle in zip(missing, opened, strict=True):
-                if isinstance(handle, BaseException):
-                    if not isinstance(handle, StorageError):
-                        raise handle
-                    for position in [j for j, p in enumerate(paths) if p == path]:
-                        index = int(batch.indices[position])
-                        error = SampleReadError(self.name, index, f"{path}: {handle}", handle.errno)
-                        error.__cause__ = handle
-                        batch.errors[position] = error
-                else:
+                if not isinstance(handle, BaseException):
                     self._handles[path] = handle
-        for path in paths:
-            if path in self._handles:
+                    continue
+                if not isinstance(handle, StorageError):
+                    raise handle
+                for position in np.flatnonzero(rows == names.index(path)).tolist():
+                    index = int(batch.indices[position])
+                    error = SampleReadError(self.name, index, f"{path}: {handle}", handle.errno)
+                    error.__cause__ = handle
+                    batch.errors[position] = error
+        handles: list[FileHandle | None] = []
+        for path in names:
+            known = self._handles.get(path)
+            if known is not None:
                 self._handles.move_to_end(path)
+            handles.append(known)
         excess = len(self._handles) - self._max_open
         for old in [p for p in self._handles if p not in self._pinned][: max(excess, 0)]:
             await engine.close_file(self._handles.pop(old))
+        return handles
 
 
 class DatasetAssembler:
@@ -183,8 +210,7 @@ class DatasetAssembler:
                 if sample is not _FAILED:
                     samples.append(sample)
         skipped = len(batch) - len(samples)
-        collate = self.collate_fn or default_collate
-        return Assembled(collate(samples), len(batch), skipped, batch.bytes_read)
+        return Assembled(collate(samples, self.collate_fn), len(batch), skipped, batch.bytes_read)
 
     def _bulk(self, indices: list[int], positions: list[int], batch: SampleBatch) -> Any:
         """``__getitems__`` for a whole plain batch, as DataLoader's fetcher does; None to go

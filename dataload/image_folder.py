@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dataload.errors import SourceError
+from dataload.located import checked_batch
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageFolder", "pil_to_tensor"]
 
@@ -74,6 +75,7 @@ class ImageFolder(Dataset):
         self.samples = samples
         self.targets = [target for _, target in samples]
         self.sizes = np.array([os.stat(path).st_size for path, _ in samples], np.int64)
+        self._paths = [path for path, _ in samples]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -87,6 +89,11 @@ class ImageFolder(Dataset):
     def locate(self, index: int) -> tuple[str, int, int]:
         """Where sample ``index``'s bytes are: the whole file."""
         return self.samples[index][0], 0, int(self.sizes[index])
+
+    def locate_many(self, indices: Any) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`locate` for a batch, as arrays (paths, path ids, offsets, lengths)."""
+        indices = checked_batch(self.root, indices, len(self))
+        return self._paths, indices, np.zeros(len(indices), np.int64), self.sizes[indices]
 
     def decode(self, index: int, data: Any) -> tuple[Any, int]:
         """Sample ``index`` from the bytes of its file."""

@@ -7,7 +7,8 @@ both). The order of the two systems alternates between rounds. Data are prepared
 parent.
 
 One-time costs: tierkit's workers fork from multiprocessing's forkserver, which imports torch
-once per process, and the first engine of the I/O runtime takes its io_uring set-up; the child
+(and the module defining the workload's transform, ``WORK_MODULES``) once per process, and the
+first engine of the I/O runtime takes its io_uring set-up; the child
 does both *before* the timed runs and reports their times (``forkserver_s``, ``runtime_s``), as
 a training process pays them once. Worker start
 itself (the forks) is inside the timed region for both systems. CPU per sample counts the
@@ -39,6 +40,15 @@ BUDGETS = {
 }
 PEER_PREFIX = {"tar_shards": "wds_nw"}  # the peer's run names (default: DataLoader's)
 PNG_COUNT = {"full": 70_000, "quick": 10_000, "smoke": 1_000}
+# where each workload's per-sample work is defined: the forkserver imports them once, as it
+# would a user's training script (a script run as a file is preloaded there with its imports;
+# this child runs with ``-m``, which multiprocessing does not preload)
+WORK_MODULES = {
+    "fmnist": ["benchmarks.dataload._fmnist"],
+    "parquet_text": ["benchmarks.dataload._text"],
+    "map_dataset": ["benchmarks.dataload._map_dataset", "dataload.image_folder"],
+    "tar_shards": ["benchmarks.dataload._tar_shards", "dataload.shards.tar_shards"],
+}
 
 
 def prepare(workload: str, out: Path, mode: str, notes: list[str]) -> dict[str, Any] | None:
@@ -128,7 +138,7 @@ def child(spec: dict[str, Any]) -> None:
         if any(spec["workers"]):
             from dataload.workers import warm_forkserver
 
-            forkserver_s = warm_forkserver()
+            forkserver_s = warm_forkserver(preload=WORK_MODULES[workload])
     max_samples, max_time_s = BUDGETS[workload][spec["mode"]]
     per_batch, per_bytes = _counters(workload)
     runs = []

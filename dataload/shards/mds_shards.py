@@ -26,6 +26,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from dataload.errors import SampleIndexError, SourceError, SourceFormatError
+from dataload.located import checked_batch
 from dataload.shards.mds_format import Decoder, column_decoder, parse_index, split_sample
 from tiers.io import map_os_errors
 
@@ -101,6 +102,11 @@ class MDSShards(Dataset):
         """(shard path, offset, length) of sample ``index``'s bytes."""
         index = self._check(index)
         return self.shards[self._shard_of[index]], int(self._start[index]), int(self._size[index])
+
+    def locate_many(self, indices: Any) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`locate` for a batch, as arrays (shard paths, shard ids, offsets, lengths)."""
+        indices = checked_batch(self.root, indices, len(self))
+        return self.shards, self._shard_of[indices], self._start[indices], self._size[indices]
 
     def decode(self, index: int, data: Any) -> Any:
         """Sample ``index`` from its bytes: ``{column: value}``, then ``transform``."""

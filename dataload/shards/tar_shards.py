@@ -6,11 +6,12 @@ numbers the samples of all shards 0..N-1 in shard order. Sample ``i`` is a dict 
 yields it -- ``{"__key__": key, "__url__": shard path, <extension>: bytes, ...}`` -- passed
 through ``transform`` when one is given.
 
-It implements :mod:`dataload.located`: a sample's members are consecutive in its shard, so
-``locate(i)`` is the one byte range from the first member's data to the end of the last
-member's (headers between them included, a few hundred bytes) and ``decode`` slices the members
-out of it. Under ``ShuffledLoader`` the I/O core therefore reads a whole batch -- samples from
-any shards, in a global shuffle -- in one submission; rank slicing, exact resume and process
+It implements :mod:`dataload.located` (``locate_many`` too): a sample's members are
+consecutive in its shard, so ``locate(i)`` is the one byte range from the first member's data
+to the end of the last member's (headers between them included, a few hundred bytes) and
+``decode`` slices the members out of it. Under ``ShuffledLoader`` the I/O core therefore reads
+a whole batch -- samples from any shards, in a global shuffle -- in one submission built from
+arrays; rank slicing, exact resume and process
 workers come with the loader, unchanged. Under DataLoader ``__getitem__`` does the one read
 itself.
 
@@ -31,6 +32,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from dataload.errors import SampleIndexError, SourceError
+from dataload.located import checked_batch
 from dataload.shards.tar_index import load_index
 from tiers.io import map_os_errors
 
@@ -135,6 +137,14 @@ class TarShards(Dataset):
         index = self._check(index)
         shard = self.shards[self._shard_of[index]]
         return shard, int(self._span_start[index]), int(self._span_size[index])
+
+    def locate_many(self, indices: Any) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`locate` for a batch, as arrays: (shard paths, shard of each sample, offsets,
+        lengths) -- the loader's I/O core then builds the batch's reads without a Python object
+        per sample."""
+        indices = checked_batch(self.root, indices, len(self))
+        spans = self._span_start[indices], self._span_size[indices]
+        return self.shards, self._shard_of[indices], *spans
 
     def decode(self, index: int, data: Any) -> Any:
         """Sample ``index`` from the bytes of its range (``data``: as ``locate`` describes)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ class ProcessFetcher:
         max_slabs: int = 16,
         finish: Callable[[Any], Any] | None = None,
         context: Any = None,
+        preload: Sequence[str] = (),
     ) -> None:
         self.source = source
         self.runtime = runtime
@@ -68,7 +69,9 @@ class ProcessFetcher:
         remove_orphans()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
         try:
-            self.pool = ProcessPool(num_workers, payload, base_seed, self._loop, context)
+            self.pool = ProcessPool(
+                num_workers, payload, base_seed, self._loop, context, preload=preload
+            )
         except BaseException:
             self._closed = True
             asyncio.run_coroutine_threadsafe(self._shutdown([]), self._loop).result()

@@ -4,7 +4,10 @@ Workers come from multiprocessing's **forkserver** context: each is forked from 
 single-threaded server that preloaded torch, numpy and the worker module, so a worker starts in
 tens of milliseconds (spawn re-imports torch: a second or more per worker) and never inherits
 the loader process's threads, locks or io_uring rings -- forking the loader itself (the "fork"
-context) copies a process whose loop thread may hold a lock mid-submission. The server and
+context) copies a process whose loop thread may hold a lock mid-submission. The pool that starts
+the server also has it preload the modules its work comes from (``preload``: the transform's,
+the dataset's), so that each worker does not import them again; DataLoader's fork workers
+inherit them from the loader's process the same way. The server and
 multiprocessing's resource tracker are started once per interpreter and shared, as with
 DataLoader under forkserver.
 
@@ -35,34 +38,51 @@ import os
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dataload.workers.protocol import READY, STOP, Done, Failed, Task, WorkerDiedError
 from dataload.workers.worker import worker_main
 
-__all__ = ["ProcessPool", "forkserver_context", "warm_forkserver"]
+__all__ = ["ProcessPool", "forkserver_context", "forkserver_running", "warm_forkserver"]
 
 _SMALL_TASK_BYTES = 16 * 1024  # far below a pipe's 64 KiB buffer: writing it never blocks
 
 
-def forkserver_context() -> Any:
-    """The forkserver context, preloading what every worker imports."""
+# what every worker imports; numpy.random too: a worker seeds it, and its first import is 5 ms
+_PRELOAD = ("__main__", "torch", "numpy", "numpy.random", "dataload.workers.worker")
+
+
+def forkserver_context(preload: Sequence[str] = ()) -> Any:
+    """The forkserver context, preloading what every worker imports plus ``preload``.
+
+    The list takes effect when the server starts (once per interpreter); later calls with other
+    modules change nothing for a running server.
+    """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["__main__", "torch", "numpy", "dataload.workers.worker"])
+    context.set_forkserver_preload(list(dict.fromkeys((*_PRELOAD, *preload))))
     return context
 
 
-def warm_forkserver() -> float:
+def forkserver_running() -> bool:
+    """Whether this interpreter's forkserver has been started (and so its preload is fixed)."""
+    from multiprocessing import forkserver
+
+    return bool(getattr(forkserver._forkserver, "_forkserver_pid", None))
+
+
+def warm_forkserver(preload: Sequence[str] = ()) -> float:
     """Start the forkserver (importing torch there) now and wait until it serves; seconds taken.
 
     The first loader with worker processes does this itself; a training script can call it
     early -- before building the model, say -- so that the once-per-process start overlaps
-    other work instead of delaying the first batch.
+    other work instead of delaying the first batch. ``preload``: modules the workers will need
+    (a transform's, a dataset's), imported once in the server instead of in every worker; a
+    script run as a file has its ``__main__`` (and what it imports) preloaded anyway.
     """
     started = time.perf_counter()
-    process = forkserver_context().Process(target=os.getpid, daemon=True)
+    process = forkserver_context(preload).Process(target=os.getpid, daemon=True)
     process.start()
     process.join()
     process.close()
@@ -90,12 +110,13 @@ class ProcessPool:
         loop: asyncio.AbstractEventLoop,
         context: Any = None,
         join_timeout_s: float = 5.0,
+        preload: Sequence[str] = (),
     ) -> None:
         self.num_workers = num_workers
         self.base_seed = base_seed
         self.join_timeout_s = join_timeout_s
         self._loop = loop
-        self._context = context or forkserver_context()
+        self._context = context or forkserver_context(preload)
         self._ids = itertools.count()
         self._next_worker = itertools.cycle(range(num_workers))
         self._futures: dict[int, asyncio.Future[Done]] = {}

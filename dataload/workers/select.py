@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import types
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
@@ -33,7 +34,7 @@ from dataload.source import Source
 from dataload.workers.fetcher import ProcessFetcher
 from tiers.io import InvalidArgumentError, IORuntime
 
-__all__ = ["WorkerType", "base_seed_of", "build_fetcher"]
+__all__ = ["WorkerType", "base_seed_of", "build_fetcher", "work_modules"]
 
 WorkerType = Literal["process", "thread"]
 log = logging.getLogger("tierkit.dataload")
@@ -74,6 +75,7 @@ def build_fetcher(
     if worker_type == "process" and num_workers > 0 and assembler.heavy:
         payload, why_not = _payload(source, assembler, worker_init_fn)
         if payload is not None:
+            work = (transform, collate_fn, worker_init_fn, getattr(assembler, "dataset", None))
             fetcher = ProcessFetcher(
                 source,
                 payload,
@@ -84,6 +86,7 @@ def build_fetcher(
                 max_slabs=max_slabs + 2 * num_workers,
                 finish=finish,
                 context=context,
+                preload=work_modules(*work),
             )
             return fetcher, f"{num_workers} processes"
         if worker_init_fn is not None:
@@ -101,6 +104,23 @@ def build_fetcher(
         finish=finish,
     )
     return fetcher_threads, note
+
+
+def work_modules(*work: Any) -> list[str]:
+    """The modules that define ``work`` (functions, classes, or instances of classes; a
+    dataset's own ``transform`` too), for the forkserver to preload: what unpickling the work
+    in a worker would otherwise import there, once per worker."""
+    modules: list[str] = []
+    for item in work:
+        if item is None:
+            continue
+        inner = getattr(item, "transform", None)  # a dataset's transform
+        for obj in (item, inner) if inner is not None else (item,):
+            owner = obj if isinstance(obj, type | types.FunctionType) else type(obj)
+            name = getattr(owner, "__module__", None)
+            if isinstance(name, str) and name not in ("__main__", "builtins") and "<" not in name:
+                modules.append(name)
+    return list(dict.fromkeys(modules))
 
 
 def _payload(

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataload.collate import mark_loader_worker
 from dataload.errors import SampleError
 from dataload.source import SampleBatch
 from dataload.workers.protocol import READY, STOP, Done, Failed, Task, pack_tree, tree_bytes
@@ -44,6 +45,7 @@ def worker_main(
 ) -> None:
     """Entry point of worker ``worker_id`` of ``num_workers``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mark_loader_worker()
     try:
         assembler, worker_init_fn = pickle.loads(payload)
         _seed_like_dataloader(worker_id, num_workers, base_seed, assembler)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+IMPORTED_IN_PID = os.getpid()  # in a worker: the forkserver's pid when it preloaded this module
+
 
 def stamp_id(raw: np.ndarray) -> int:
     """The index a stamped record carries."""
@@ -23,6 +25,11 @@ def stamp_id(raw: np.ndarray) -> int:
 def stamp_pair(raw: np.ndarray) -> tuple[torch.Tensor, int]:
     index, seven = raw.view("<i8").tolist()
     return torch.tensor([float(index)]), seven
+
+
+def pid_and_import_pid(raw: np.ndarray) -> torch.Tensor:
+    """(this process, the process that imported this module) for a stamped record."""
+    return torch.tensor([os.getpid(), IMPORTED_IN_PID])
 
 
 def slow_stamp_id(raw: np.ndarray) -> int:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -13,7 +16,7 @@ import torch
 from dataload import FixedSizeSource, ShuffledLoader, TransformError
 from dataload.testing import assert_resumes_exactly
 from dataload.workers import WorkerDiedError, WorkerError, shm_names
-from dataload.workers.select import base_seed_of
+from dataload.workers.select import base_seed_of, work_modules
 from tests.dataload import _work
 from tests.dataload.conftest import STAMP_BYTES
 
@@ -162,3 +165,33 @@ def test_records_without_python_work_start_no_process(stamped) -> None:
         assert loader.stats()["workers"].startswith("none needed")
         assert sum(len(b) for b in loader) == 16
     assert shm_names(os.getpid()) == before
+
+
+PRELOAD_CHECK = """
+import sys
+from dataload import FixedSizeSource, ShuffledLoader
+from tests.dataload import _work
+with ShuffledLoader(FixedSizeSource(sys.argv[1], 16), 4, transform=_work.pid_and_import_pid,
+                    num_workers=2) as loader:
+    pids = {tuple(row) for batch in loader for row in batch.tolist()}
+print(sorted(pids))
+"""
+
+
+def test_the_forkserver_preloads_the_modules_of_the_work(stamped) -> None:
+    assert work_modules(_work.stamp_id, None, _work.init_mark, _work.IdDataset(3)) == [
+        "tests.dataload._work"
+    ]
+    assert work_modules(len, FixedSizeSource) == ["dataload.record_source"]
+    # a fresh interpreter, so that the first loader is the one starting the forkserver
+    done = subprocess.run(
+        [sys.executable, "-c", PRELOAD_CHECK, str(stamped(16))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    pids = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    workers, importers = {p for p, _ in pids}, {i for _, i in pids}
+    assert len(workers) == 2 and len(importers) == 1
+    assert not workers & importers  # imported once, before the workers were forked
