@@ -40,8 +40,8 @@ import torch
 from benchmarks.common.measure import machine_string
 from benchmarks.common.paths import OUT_DIR, SHARED_DATA
 from benchmarks.common.scratch import remove_at_exit
-from benchmarks.rag.report import by_length, pick, print_table, row
-from benchmarks.rag.runners import Reference, ReplayResult, reference, replay
+from benchmarks.rag.report import PURE_REUSE, by_length, pick, print_table, row
+from benchmarks.rag.runners import Reference, ReplayResult, reference, replay_together
 from benchmarks.rag.workload import (
     build_requests,
     cold_tokens,
@@ -53,6 +53,7 @@ from kvstore.rag.assemble import DEFAULT_FRACTION, DEFAULT_RULE, RULES
 from kvstore.testing.rag_model import rag_model
 
 DATA_DIR = SHARED_DATA / "debian-minilm"
+FULL_REQUESTS = 5000  # long enough that the cold misses are a small part (see by_length)
 Config = tuple[str, float, str]
 
 
@@ -61,9 +62,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a minute or two")
     parser.add_argument("--questions", type=int, default=None, help="default: all queries")
     parser.add_argument("--requests", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--sweep-rounds", type=int, default=1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="passes of the headline configurations (the first has the sweep)",
+    )
     parser.add_argument("--quality-requests", type=int, default=None)
+    parser.add_argument(
+        "--no-cache-every",
+        type=int,
+        default=None,
+        help="no cache runs every k-th request (its tokens are the prompt's)",
+    )
     parser.add_argument("--fractions", default=None, help="the headline rule's, comma-separated")
     parser.add_argument("--default-fraction", type=float, default=DEFAULT_FRACTION)
     parser.add_argument("--rule", choices=RULES, default=DEFAULT_RULE, help="the headline's")
@@ -75,12 +86,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.questions = args.questions or (100 if quick else None)
-    args.requests = args.requests or (120 if quick else 1000)
-    args.rounds = args.rounds or (2 if quick else 3)
-    args.quality_requests = args.quality_requests or (60 if quick else 500)
-    default = "0,0.15" if quick else "0,0.05,0.1,0.15,0.3"
-    args.fractions = [float(f) for f in (args.fractions or default).split(",")]
-    rules = args.rules or "chunk-start,deviation"
+    args.requests = args.requests or (120 if quick else FULL_REQUESTS)
+    args.rounds = args.rounds or (2 if quick else 1)
+    args.quality_requests = args.quality_requests or (60 if quick else 300)
+    args.no_cache_every = args.no_cache_every or (1 if quick else 8)
+    default = "0,0.1,1" if quick else ""
+    args.fractions = [float(f) for f in (args.fractions or default).split(",") if f]
+    rules = args.rules or ("chunk-start,deviation,attention" if quick else "deviation,attention")
     args.rules = [r for r in rules.split(",") if r]
     if args.rule not in args.rules:
         args.rules.append(args.rule)
@@ -91,11 +103,12 @@ def _configs(args: argparse.Namespace) -> tuple[list[Config], list[Config]]:
     """(the headline's, the sweep's others)."""
     default: Config = ("chunk", args.default_fraction, args.rule)
     headline = [("none", 0.0, ""), ("prefix", 0.0, ""), default]
-    # the headline's rule at every fraction; the others at 0 (pure reuse for "chunk-start")
-    # and at the default fraction
-    sweep = [("chunk", f, args.rule) for f in args.fractions]
-    sweep += [("chunk", f, r) for r in args.rules for f in (0.0, args.default_fraction)]
-    sweep.append(("chunk", 1.0, args.rule))  # a full prefill inside assemble: the check
+    # the headline's rule at every fraction (1.0 is a full prefill inside assemble whatever
+    # the rule: named "deviation"); the others at the default fraction, and pure reuse
+    # ("chunk-start" at 0: the quality bound's base)
+    sweep = [("chunk", f, args.rule if f < 1 else "deviation") for f in args.fractions]
+    sweep += [("chunk", args.default_fraction, r) for r in args.rules]
+    sweep.append(PURE_REUSE)
     return headline, [c for c in dict.fromkeys(sweep) if c != default]
 
 
@@ -136,15 +149,20 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     headline, sweep = _configs(args)
     rounds: dict[Config, list[ReplayResult]] = {c: [] for c in headline + sweep}
     for number in range(args.rounds):
-        for config in headline + (sweep if number < args.sweep_rounds else []):
-            kind, fraction, rule = config
-            result = await replay(model, requests, references, kind, work_dir, fraction,
-                                  rule or "deviation", quality=number == 0)  # fmt: skip
+        configs = headline + (sweep if number == 0 else [])
+        started = time.perf_counter()
+        results = await replay_together(
+            model, requests, references if number == 0 else [None] * len(requests), configs,
+            work_dir, args.no_cache_every, _Progress(len(requests), started),
+        )  # fmt: skip
+        for config, result in zip(configs, results, strict=True):
             rounds[config].append(result)
-            if number == 0:  # a line per configuration as it finishes: a cut run still tells
+            if number == 0:
                 _progress(result)
-        print(f"round {number + 1}/{args.rounds} done", file=sys.stderr)
-    rows = {config: row(results) for config, results in rounds.items()}
+        print(f"round {number + 1}/{args.rounds} done in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr)  # fmt: skip
+    blocks = 4 if args.rounds == 1 else 0
+    rows = {config: row(results, blocks) for config, results in rounds.items()}
     prefix, chunk = rows[headline[1]], rows[headline[2]]
     print_table(list(rows.values()), total, prefix["tokens"])
     cold = cold_tokens(requests)
@@ -210,6 +228,19 @@ def _summary(
         "kl": round(r["kl"], 7),
         "ttft_ms": round(r["ttft_s"] * 1e3, 3),
     }
+
+
+class _Progress:
+    """A line to stderr every tenth of the replay: a cut run still tells how far it got."""
+
+    def __init__(self, total: int, started: float) -> None:
+        self.total, self.started, self.step = total, started, max(1, total // 10)
+
+    def __call__(self, done: int, results: list[ReplayResult]) -> None:
+        if done % self.step == 0 or done == self.total:
+            tokens = ", ".join(f"{r.name} {sum(r.tokens_computed):.0f}" for r in results[:3])
+            print(f"  {done}/{self.total} requests, {time.perf_counter() - self.started:.0f} s: "
+                  f"{tokens}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _progress(result: ReplayResult) -> None:

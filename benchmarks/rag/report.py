@@ -1,8 +1,9 @@
 """The RAG benchmark's summaries: one row per configuration, the ratio against prefix caching
 by replay length (cold misses vs steady state), and the sweep's pick of a default.
 
-- ``row``: medians over rounds with the (min-max) spread; quality and per-request tokens
-  from the first round (both deterministic: every round computes the same tokens).
+- ``row``: medians over rounds with the (min-max) spread (with one long round: the median
+  of the whole replay and the spread of its quarters' medians); quality and per-request
+  tokens from the first round (both deterministic: every round computes the same tokens).
 - ``by_length``: chunk-cache tokens over prefix caching's, cumulative over the first 1/8,
   1/4, 1/2 and all of the replay, and per quarter (the last quarter is the steady state: by
   then most chunks asked for have been seen), and over the requests whose every chunk was
@@ -31,10 +32,17 @@ TOP1_TARGET = 0.98
 PURE_REUSE = ("chunk", 0.0, "chunk-start")
 
 
-def row(results: list[ReplayResult]) -> dict[str, Any]:
-    """One configuration over its rounds."""
+def row(results: list[ReplayResult], blocks: int = 0) -> dict[str, Any]:
+    """One configuration over its rounds; with one round and ``blocks``, the TTFT spread is
+    over the medians of that many consecutive parts of the replay (the median is the whole
+    replay's)."""
     tokens = [sum(r.tokens_computed) for r in results]
     ttft = [statistics.median(r.ttft_s) for r in results]
+    parts = ttft
+    if len(results) == 1 and blocks > 1 and len(results[0].ttft_s) >= blocks:
+        times = results[0].ttft_s
+        parts = [statistics.median(times[b * len(times) // blocks : (b + 1) * len(times) // blocks])
+                 for b in range(blocks)]  # fmt: skip
     first = results[0]
     waits = first.load_wait_s or [0.0]
     return {
@@ -42,7 +50,10 @@ def row(results: list[ReplayResult]) -> dict[str, Any]:
         "tokens": statistics.median(tokens),
         "per_request": first.tokens_computed,
         "ttft_s": statistics.median(ttft),
-        "ttft_spread": spread([t * 1e3 for t in ttft], ".2f"),
+        "ttft_spread": spread([t * 1e3 for t in ttft], ".2f")
+        if parts is ttft
+        else f"{statistics.median(ttft) * 1e3:.2f} ({min(parts) * 1e3:.2f}-{max(parts) * 1e3:.2f})",
+        "ttft_parts_ms": [round(t * 1e3, 2) for t in parts],
         "rounds": len(results),
         "top1": statistics.fmean(first.top1) if first.top1 else float("nan"),
         "kl": statistics.fmean(first.kl) if first.kl else float("nan"),

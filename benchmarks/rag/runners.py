@@ -16,8 +16,10 @@ waited for layer loads (``load_wait_s``: ~0 when loads overlap compute).
   its chunks in the same order);
 - chunk cache: ``kvstore.rag.assemble`` over a ``ChunkCache`` at one recompute fraction.
 
-Stores: a DRAM tier of 256 MiB above an NVMe tier of 1 GiB in the scratch directory, for both
-caches. Thread-safety: one asyncio loop; the model runs in worker threads, one at a time.
+Stores: one DRAM tier of 1.25 GiB for both caches (no NVMe tier: the long replay's chunks no
+longer fit the shared disk; the earlier runs had 256 MiB DRAM over 1 GiB NVMe, and their
+TTFTs included the NVMe writes). Thread-safety: one asyncio loop; the model runs in worker
+threads, one at a time.
 """
 
 from __future__ import annotations
@@ -37,11 +39,21 @@ from kvstore import KVBlockStore
 from kvstore.hf import fingerprint_for, prefill
 from kvstore.rag import ChunkCache, Segment, assemble
 
-__all__ = ["Reference", "ReplayResult", "prompt_ids", "reference", "replay"]
+__all__ = [
+    "Reference",
+    "ReplayResult",
+    "Replayer",
+    "prompt_ids",
+    "reference",
+    "replay",
+    "replay_together",
+]
 
 DECODE_TOKENS = 32
 BLOCK_TOKENS = 16
-DRAM_BYTES, DISK_BYTES = 256 << 20, 1 << 30
+# DRAM only, of the capacity the earlier runs had as 256 MiB DRAM over 1 GiB NVMe: a long
+# replay's chunks (~0.8 GiB a configuration) no longer fit the shared disk's free space
+DRAM_BYTES, DISK_BYTES = 1280 << 20, 0
 
 
 @dataclass
@@ -95,6 +107,58 @@ def _quality(model: Any, first_logits: torch.Tensor, cache: Any, ref: Reference)
     return float(agree), float(kl)
 
 
+class Replayer:
+    """One configuration's store and results, fed one request at a time (``step``), so that
+    several configurations can take each request in turn (``replay_together``)."""
+
+    def __init__(self, model: Any, kind: str, work_dir: Path, fraction: float, rule: str) -> None:
+        names = {"none": "no cache", "prefix": "prefix caching"}
+        self.model, self.kind, self.fraction, self.rule = model, kind, fraction, rule
+        self.result = ReplayResult(names.get(kind, f"chunk {rule} f={fraction:g}"))
+        self.directory = work_dir / f"store-{kind}-{rule}-{fraction}"
+        self.store: Any = None
+
+    async def open(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.kind == "prefix":
+            fp = fingerprint_for(self.model, BLOCK_TOKENS, name="rag-bench")
+            self.store = await KVBlockStore.open(self.directory, fp, disk_bytes=DISK_BYTES,
+                                                 dram_bytes=DRAM_BYTES)  # fmt: skip
+        elif self.kind == "chunk":
+            fp = fingerprint_for(self.model, 1, name="rag-bench")
+            self.store = await ChunkCache.open(self.directory, fp, disk_bytes=DISK_BYTES,
+                                               dram_bytes=DRAM_BYTES)  # fmt: skip
+
+    async def step(self, request: RagRequest, ref: Reference | None, quality: bool) -> None:
+        """Prefill one request: its tokens and TTFT, and its quality when ``ref`` is given."""
+        result = self.result
+        first, cache, computed, reused = await _prefill(
+            self.model, self.store, self.kind, request, self.fraction, self.rule
+        )
+        result.ttft_s.append(computed[1])
+        result.tokens_computed.append(computed[0])
+        result.reused_requests += reused
+        if isinstance(cache, tuple):  # the chunk cache's (cache, reused, exact, wait)
+            cache, reused_tokens, exact, wait_s = cache
+            result.reused_tokens += reused_tokens
+            result.exact_tokens += exact
+            result.load_wait_s.append(wait_s)
+        if quality and ref is not None:
+            top1, kl = await asyncio.to_thread(_quality, self.model, first, cache, ref)
+            result.top1.append(top1)
+            result.kl.append(kl)
+
+    def skip(self, request: RagRequest) -> None:
+        """Count a request not run: only for no cache, whose tokens are the prompt's."""
+        assert self.kind == "none"
+        self.result.tokens_computed.append(float(request.num_tokens))
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.aclose()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 async def replay(
     model: Any,
     requests: Sequence[RagRequest],
@@ -109,39 +173,47 @@ async def replay(
     (with ``rule`` at ``fraction``); ``quality`` False skips the comparison with the
     reference (it does not depend on the round); requests whose reference is None are
     timed and counted but not compared."""
-    names = {"none": "no cache", "prefix": "prefix caching"}
-    name = names.get(kind, f"chunk {rule} f={fraction:g}")
-    result = ReplayResult(name)
-    directory = work_dir / f"store-{kind}-{rule}-{fraction}"
-    shutil.rmtree(directory, ignore_errors=True)
-    store: Any = None
-    if kind == "prefix":
-        fp = fingerprint_for(model, BLOCK_TOKENS, name="rag-bench")
-        store = await KVBlockStore.open(directory, fp, disk_bytes=DISK_BYTES, dram_bytes=DRAM_BYTES)
-    elif kind == "chunk":
-        fp = fingerprint_for(model, 1, name="rag-bench")
-        store = await ChunkCache.open(directory, fp, disk_bytes=DISK_BYTES, dram_bytes=DRAM_BYTES)
+    replayer = Replayer(model, kind, work_dir, fraction, rule)
+    await replayer.open()
     try:
         for request, ref in zip(requests, references, strict=True):
-            first, cache, computed, reused = await _prefill(model, store, kind, request,
-                                                            fraction, rule)  # fmt: skip
-            result.ttft_s.append(computed[1])
-            result.tokens_computed.append(computed[0])
-            result.reused_requests += reused
-            if isinstance(cache, tuple):  # the chunk cache's (cache, reused, exact, wait)
-                cache, reused_tokens, exact, wait_s = cache
-                result.reused_tokens += reused_tokens
-                result.exact_tokens += exact
-                result.load_wait_s.append(wait_s)
-            if quality and ref is not None:
-                top1, kl = await asyncio.to_thread(_quality, model, first, cache, ref)
-                result.top1.append(top1)
-                result.kl.append(kl)
+            await replayer.step(request, ref, quality)
     finally:
-        if store is not None:
-            await store.aclose()
-        shutil.rmtree(directory, ignore_errors=True)
-    return result
+        await replayer.aclose()
+    return replayer.result
+
+
+async def replay_together(
+    model: Any,
+    requests: Sequence[RagRequest],
+    references: Sequence[Reference | None],
+    configs: Sequence[tuple[str, float, str]],
+    work_dir: Path,
+    no_cache_every: int = 1,
+    progress: Any = None,
+) -> list[ReplayResult]:
+    """Every request through every configuration (kind, fraction, rule) in turn, each on its
+    own store, the order rotating from request to request, so all see the same moments of
+    this shared machine; quality on the requests with a reference. No cache (whose tokens
+    are the prompt's by definition) runs only every ``no_cache_every``-th request."""
+    replayers = [Replayer(model, kind, work_dir, fraction, rule or "deviation")
+                 for kind, fraction, rule in configs]  # fmt: skip
+    for replayer in replayers:
+        await replayer.open()
+    try:
+        for number, (request, ref) in enumerate(zip(requests, references, strict=True)):
+            shift = number % len(replayers)
+            for replayer in replayers[shift:] + replayers[:shift]:
+                if replayer.kind == "none" and number % no_cache_every:
+                    replayer.skip(request)
+                else:
+                    await replayer.step(request, ref, True)
+            if progress is not None:
+                progress(number + 1, [r.result for r in replayers])
+    finally:
+        for replayer in replayers:
+            await replayer.aclose()
+    return [r.result for r in replayers]
 
 
 async def _prefill(

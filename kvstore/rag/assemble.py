@@ -14,6 +14,19 @@ at the same position (the system text at position 0, or a run of chunks in the o
 were first computed in), its KV is what a full prefill computes: it is neither checked nor
 recomputed, and the recompute fraction counts the other reused tokens only.
 
+Rules (which reused tokens to recompute): "deviation" (CacheBlend: every reused token runs
+the layers below ``check_layer``, the ones whose K deviates most there are recomputed),
+"chunk-start" (the first tokens of each chunk, no check), "hybrid" (the check on the first
+tokens of each chunk only), "attention" (the check on the tokens with the highest alone
+deviation stored with the chunk, ``kvstore.rag.context_stats``) and **"learned"**, the
+default: a chunk's first non-exact reuse checks it whole and the cache keeps the per-token
+deviations the check saw (``kvstore.rag.learned``); later reuses check only the
+``LEARNED_CANDIDATES`` x fraction of its tokens with the highest remembered deviation, and
+the check picks among them by this prompt's own deviation. The check then costs a small
+share of a layer per reused token, not a whole one. The tokens that deviate most are
+largely the same in every context (on the test model a chunk's opening tokens and closing
+newline).
+
 Invariants:
 - A chunk is reused only if every layer of it loads and passes its checks; a chunk found
   corrupt mid-prefill is dropped by the cache and the prefill starts over with it computed.
@@ -38,7 +51,9 @@ import torch
 from kvstore.rag.blend import blend_prefill
 from kvstore.rag.chunk_cache import ChunkCache, ChunkInfo
 from kvstore.rag.chunk_format import context_hashes
+from kvstore.rag.context_stats import positional_scores
 from kvstore.rag.errors import RagArgumentError
+from kvstore.rag.learned import UNSEEN, remember, token_scores
 from kvstore.rag.rope import RopeRotator
 
 __all__ = [
@@ -51,8 +66,9 @@ __all__ = [
     "generate",
 ]
 
-RULES = ("deviation", "chunk-start", "hybrid")
-DEFAULT_RULE, DEFAULT_FRACTION = "deviation", 0.05  # the sweep in benchmarks/RESULTS.md
+RULES = ("deviation", "chunk-start", "hybrid", "attention", "learned")
+LEARNED_CANDIDATES = 2.0  # a learned chunk's candidates for the check: this x the fraction
+DEFAULT_RULE, DEFAULT_FRACTION = "learned", 0.05  # the sweep in benchmarks/RESULTS.md
 HYBRID_CANDIDATES = 3.0  # the hybrid rule checks this many times the recompute fraction
 
 
@@ -90,9 +106,11 @@ async def assemble(
     rule: str = DEFAULT_RULE,
 ) -> AssembledPrompt:
     """Prefill ``segments`` reusing ``chunks``' KV; see the module docstring. ``rule`` picks
-    the reused tokens to recompute: "deviation" (CacheBlend: the largest K deviation at
-    ``check_layer``), "chunk-start" (the first tokens of each reused chunk, no check) or
-    "hybrid" (the check on the first ``HYBRID_CANDIDATES`` x fraction of each chunk)."""
+    the reused tokens to recompute (``RULES``, the module docstring): "learned" (default),
+    "deviation" (CacheBlend: the largest K deviation at ``check_layer``), "chunk-start"
+    (the first tokens of each reused chunk, no check), "hybrid" (the check on the first
+    ``HYBRID_CANDIDATES`` x fraction of each chunk), "attention" (the check on the
+    ``HYBRID_CANDIDATES`` x fraction with the highest stored alone deviation)."""
     if rule not in RULES:
         raise RagArgumentError(f"rule {rule!r}: expected one of {RULES}")
     if not segments or segments[-1].cacheable or not segments[-1].token_ids:
@@ -110,6 +128,16 @@ async def assemble(
             if info is not None:
                 hits[slot] = info
     contexts = context_hashes([segment.token_ids for segment in segments])
+    scores: dict[int, torch.Tensor] = {}
+    if rule == "attention" and recompute_fraction < 1.0:
+        for slot, info in list(hits.items()):
+            found, kept = await chunks.scores(info)
+            if not found:  # gone or its header failed: compute it
+                hits.pop(slot)
+            elif kept is None:  # stored without statistics: by position in the chunk
+                scores[slot] = positional_scores(info.num_tokens)
+            else:
+                scores[slot] = kept
     while True:
         exact = {
             slot for slot, info in hits.items()
@@ -118,7 +146,8 @@ async def assemble(
         }  # fmt: skip
         try:
             result, wait_s = await _run(model, chunks, rotator, ids, offsets, segments, hits,
-                                        exact, recompute_fraction, check_layer, rule)  # fmt: skip
+                                        exact, recompute_fraction, check_layer, rule,
+                                        scores)  # fmt: skip
             break
         except _ChunkLost as lost:  # the cache dropped them: compute them this time
             for slot in lost.slots:
@@ -126,7 +155,7 @@ async def assemble(
     # a missed chunk's KV is exact when nothing before it was reused approximately
     approximate = [offsets[slot] for slot in hits if slot not in exact and recompute_fraction < 1]
     exact_until = min(approximate, default=ids.shape[1])
-    missed, missed_contexts = [], []
+    missed, missed_contexts, missed_scores = [], [], []
     for slot, segment in enumerate(segments):
         if segment.cacheable and segment.token_ids and slot not in hits:
             begin, end = offsets[slot], offsets[slot] + len(segment.token_ids)
@@ -136,7 +165,9 @@ async def assemble(
             ]).to(device="cpu", dtype=chunks.fingerprint.torch_dtype)  # fmt: skip
             missed.append((segment.token_ids, kv, begin))
             missed_contexts.append(contexts[slot] if begin <= exact_until else None)
-    stored = await chunks.put_many(missed, missed_contexts) if missed else 0
+            stats = result.context_attention
+            missed_scores.append(None if stats is None else stats[begin:end].clone())
+    stored = await chunks.put_many(missed, missed_contexts, missed_scores) if missed else 0
     reused = 0 if recompute_fraction >= 1.0 else sum(len(segments[s].token_ids) for s in hits)
     exact_tokens = sum(len(segments[s].token_ids) for s in exact)
     return AssembledPrompt(ids, result.logits, result.cache, result.tokens_computed, reused,
@@ -147,18 +178,42 @@ async def _run(
     model: Any, chunks: ChunkCache, rotator: RopeRotator, ids: torch.Tensor,
     offsets: list[int], segments: Sequence[Segment], hits: dict[int, ChunkInfo],
     exact: set[int], fraction: float, check_layer: int, rule: str,
+    scores: dict[int, torch.Tensor],
 ) -> tuple[Any, float]:  # fmt: skip
     """(the blend's result, seconds its forward pass waited for loads)."""
     num_layers, n = chunks.fingerprint.num_layers, ids.shape[1]
     reused = torch.zeros(n, dtype=torch.bool)
     exact_mask = torch.zeros(n, dtype=torch.bool)
     priority = None if rule == "deviation" else torch.zeros(n)
+    candidates = min(1.0, HYBRID_CANDIDATES * fraction) if rule in ("hybrid", "attention") else None
+    unseen = 0
     for slot in hits:
         begin, length = offsets[slot], len(segments[slot].token_ids)
         reused[begin : begin + length] = True
         exact_mask[begin : begin + length] = slot in exact
-        if priority is not None:  # 1 for a chunk's first token, falling to 0 at its end
+        if priority is None:
+            continue
+        if rule == "attention":  # the mass stored with the chunk (context_stats)
+            priority[begin : begin + length] = scores.get(slot, positional_scores(length))
+        elif rule == "learned":  # earlier checks' measurements (kvstore.rag.learned)
+            chunk_scores = token_scores(length, hits[slot].learned)
+            if slot not in exact:
+                unseen += int((chunk_scores >= UNSEEN).sum())
+            priority[begin : begin + length] = chunk_scores
+        else:  # 1 for a chunk's first token, falling to 0 at its end
             priority[begin : begin + length] = 1.0 - torch.arange(length) / length
+    # the "attention" rule's statistics of the chunks computed here, stored with them
+    own_start: torch.Tensor | None = None
+    if rule == "attention":
+        own_start = torch.full((n,), -1, dtype=torch.long)
+        for slot, segment in enumerate(segments):
+            if segment.cacheable and segment.token_ids and slot not in hits:
+                own_start[offsets[slot] : offsets[slot] + len(segment.token_ids)] = offsets[slot]
+    context_from = _context_from(offsets, segments)
+    if rule == "learned":
+        free = int(reused.sum()) - int(exact_mask.sum())
+        wanted = unseen + LEARNED_CANDIDATES * fraction * free
+        candidates = min(1.0, wanted / max(free, 1))
     # below the check layer only the exact chunks' KV is read
     first_layer = check_layer if priority is None and not exact else 0
     layers: list[concurrent.futures.Future[list[Any]]] = [
@@ -200,7 +255,7 @@ async def _run(
     if not hits or fraction >= 1.0:  # nothing is reused: a plain full prefill
         result = await asyncio.to_thread(
             blend_prefill, model, ids, torch.zeros(n, dtype=torch.bool), layer_kv,
-            recompute_fraction=1.0,
+            recompute_fraction=1.0, own_start=own_start, context_from=context_from,
         )  # fmt: skip
         return result, 0.0
     feeder = asyncio.ensure_future(feed())
@@ -208,13 +263,25 @@ async def _run(
         result = await asyncio.to_thread(
             blend_prefill, model, ids, reused, layer_kv,
             recompute_fraction=fraction, check_layer=check_layer, priority=priority,
-            candidates=min(1.0, HYBRID_CANDIDATES * fraction) if rule == "hybrid" else None,
-            exact=exact_mask,
+            candidates=candidates,
+            exact=exact_mask, own_start=own_start, context_from=context_from,
         )  # fmt: skip
+        if rule == "learned" and result.deviation is not None:  # keep what the check saw
+            for slot, info in hits.items():
+                begin = offsets[slot]
+                seen = result.deviation[begin : begin + info.num_tokens]
+                info.learned = remember(info.learned, seen)
         return result, waited[0]
     finally:
         feeder.cancel()
         await asyncio.gather(feeder, return_exceptions=True)
+
+
+def _context_from(offsets: list[int], segments: Sequence[Segment]) -> int:
+    """Where the context that changes between prompts begins: after the first segment (the
+    system text, the same in every prompt) when it is cacheable, else after the first token
+    (the attention sink)."""
+    return offsets[1] if len(segments) > 1 and segments[0].cacheable else 1
 
 
 def generate(model: Any, prompt: AssembledPrompt, max_new_tokens: int = 32, **kwargs: Any) -> Any:

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from kvstore.rag.errors import RagArgumentError, UnsupportedModelError
+from kvstore.rag.context_stats import AloneProbe, fresh_kv
+from kvstore.rag.errors import RagArgumentError
 from kvstore.rag.rope import RopeRotator
 
 __all__ = ["BlendResult", "blend_prefill", "layer_flops"]
@@ -53,6 +54,8 @@ class BlendResult:
     cache: Any  # DynamicCache holding every prompt token's KV
     tokens_computed: float  # token-layers / layers
     recomputed: torch.Tensor  # indices of the reused tokens selected for recompute
+    context_attention: torch.Tensor | None = None  # [n]: the alone deviation (context_stats)
+    deviation: torch.Tensor | None = None  # [n]: the check's K deviation, NaN where unchecked
 
 
 class _ScatterKV:
@@ -93,27 +96,6 @@ def _mask(model: Any, queries: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
 
 
-def _fresh_kv(layer: Any, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, ...]) -> Any:
-    """The K (after RoPE) and V the layer would compute for ``hidden`` [1, t, hidden]."""
-    attn = layer.self_attn
-    normed = layer.input_layernorm(hidden)
-    shape = (*normed.shape[:-1], -1, attn.head_dim)
-    keys = attn.k_proj(normed).view(shape)
-    if getattr(attn, "k_norm", None) is not None:  # Qwen3-style per-head norm
-        keys = attn.k_norm(keys)
-    keys = keys.transpose(1, 2)
-    values = attn.v_proj(normed).view(shape).transpose(1, 2)
-    cos, sin = (t.unsqueeze(1) for t in cos_sin)
-    half = keys.shape[-1] // 2
-    rot = cos.shape[-1]
-    turned = (
-        torch.cat((-keys[..., half:rot], keys[..., :half]), dim=-1) if rot == 2 * half else None
-    )
-    if turned is None:
-        raise UnsupportedModelError("partial rotary embeddings are not supported by blend")
-    return keys * cos + turned * sin, values
-
-
 def blend_prefill(
     model: Any,
     input_ids: torch.Tensor,
@@ -125,6 +107,8 @@ def blend_prefill(
     priority: torch.Tensor | None = None,
     candidates: float | None = None,
     exact: torch.Tensor | None = None,
+    own_start: torch.Tensor | None = None,
+    context_from: int = 1,
 ) -> BlendResult:
     """Prefill ``input_ids`` ``[1, n]`` reusing the KV of the tokens where ``reused`` ``[n]``
     (bool) is True: ``layer_kv(l)`` gives layer l's ``[2, kv_heads, n, head_dim]`` with those
@@ -141,7 +125,14 @@ def blend_prefill(
     full prefill of this prompt computes (stored after the same tokens at the same
     positions): they never run, are never checked or chosen, and the fraction counts the
     other reused tokens only; their KV is asked of ``layer_kv`` for every layer. Below
-    fraction 1.0 only: 1.0 runs every token."""
+    fraction 1.0 only: 1.0 runs every token.
+
+    ``own_start`` ``[n]`` (long) asks for the context statistics of the computed tokens where
+    it is >= 0 (the first position of the token's own segment): ``context_attention`` then
+    holds each one's alone deviation (``kvstore.rag.context_stats``: its layer-1 K in this
+    prompt against its K with keys in ``[context_from, own_start)`` masked out; 0
+    elsewhere); the measuring is counted in ``tokens_computed``. ``deviation`` holds the
+    check's K deviation of every token it checked (NaN elsewhere)."""
     from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
 
@@ -208,6 +199,10 @@ def blend_prefill(
             hidden = base.embed_tokens(input_ids.to(device))[:, active]
             pe, mask = _take(full_pe, active), _mask(model, active, n)
             reuse_from = 0
+        checked = torch.full((n,), float("nan"), device=device)
+        probe = None
+        if own_start is not None and num_layers > 1:
+            probe = AloneProbe(own_start, context_from, model.dtype)
         for index, layer in enumerate(base.layers[:num_layers]):
             full = torch.empty(shapes, dtype=model.dtype, device=device)
             if index >= reuse_from:
@@ -215,8 +210,9 @@ def blend_prefill(
                 full[:, 0] = stored
             if index == check_layer and pool is not None:  # project the pool; pick the worst
                 rows = torch.searchsorted(active, pool)
-                keys, values = _fresh_kv(layer, hidden[:, rows], _take(full_pe, pool))
+                keys, values = fresh_kv(layer, hidden[:, rows], _take(full_pe, pool))
                 deviation = (keys - full[0][:, :, pool]).pow(2).sum((0, 1, 3))
+                checked[pool] = deviation.float()
                 selected = _top(pool, deviation, count)
                 full[0][:, :, pool], full[1][:, :, pool] = keys, values
                 token_layers += pool.numel() * projection / per_token
@@ -226,17 +222,23 @@ def blend_prefill(
                 pe, mask = _take(full_pe, active), _mask(model, active, n)
             kv.layers.append(full)
             kv.index = None if active.numel() == n else active
+            hidden_in, active_in = hidden, active
             hidden = layer(
                 hidden, attention_mask=mask, position_ids=positions[:, active],
                 past_key_values=kv, use_cache=True, position_embeddings=pe,
             )  # fmt: skip
             token_layers += active.numel()
+            if probe is not None and index <= 1:
+                token_layers += probe.after(index, layer, hidden_in, active_in, full, full_pe)
+                if index == 1:
+                    token_layers += probe.measured * projection / per_token
         last = base.norm(hidden[:, -1:])
         logits = model.lm_head(last)[:, -1]
         cache = DynamicCache(config=model.config)
         for index, full in enumerate(kv.layers):
             cache.update(full[0].contiguous(), full[1].contiguous(), index)
-    return BlendResult(logits, cache, token_layers / num_layers, selected)
+    stats = probe.scores if probe is not None else None
+    return BlendResult(logits, cache, token_layers / num_layers, selected, stats, checked.cpu())
 
 
 def _top(candidates: torch.Tensor, scores: torch.Tensor, count: int) -> torch.Tensor:

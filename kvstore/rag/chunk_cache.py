@@ -46,7 +46,9 @@ from kvstore.rag.chunk_format import (
     kv_view,
     layer_bytes,
     parse_chunk_key,
+    read_header,
 )
+from kvstore.rag.context_stats import decode_scores
 from kvstore.rag.errors import ChunkShapeError
 from tiers import CorruptionError, InvalidArgumentError, TieredStore
 from tiers.io import IORuntime
@@ -64,6 +66,9 @@ class ChunkInfo:
     position: int  # the first position its KV was computed at
     size_bytes: int
     context: bytes | None = None  # context_hash of the tokens before it, when its KV is exact
+    scores: torch.Tensor | None = None  # per-token context attention (context_stats)
+    scores_known: bool = False  # False after a reopen until the header page is read
+    learned: torch.Tensor | None = None  # per-token check deviation seen (NaN: never checked)
     hits: int = 0
     priority: float = 0.0
 
@@ -150,6 +155,25 @@ class ChunkCache:
             return None
         return kv_view(self.fingerprint, staging[HEADER_BYTES:], info.num_tokens, None)
 
+    async def scores(self, info: ChunkInfo) -> tuple[bool, torch.Tensor | None]:
+        """(found, the chunk's per-token context scores or None when it was stored without).
+        Kept in memory from ``put``; after a reopen read once from the header page, which is
+        checked: found is False when the chunk is gone or its header fails (then it is
+        dropped: recompute it)."""
+        if info.scores_known:
+            return True, info.scores
+        staging = torch.empty(HEADER_BYTES, dtype=torch.uint8)
+        if not await self._get(info, staging, (0, HEADER_BYTES)):
+            return False, None
+        header = read_header(staging, self.namespace, info.num_tokens, info.position,
+                             info.context)  # fmt: skip
+        if header is None:
+            await self._damaged(info)
+            return False, None
+        info.scores = decode_scores(header.get("scores"), info.num_tokens)
+        info.scores_known = True
+        return True, info.scores
+
     async def load_layer(self, info: ChunkInfo, layer: int) -> torch.Tensor | None:
         """Layer ``layer`` of the chunk's KV, ``[2, kv_heads, tokens, head_dim]``; None as
         ``load``. One byte-range read: layer l can arrive while layer l - 1 computes."""
@@ -170,39 +194,56 @@ class ChunkCache:
         kv: torch.Tensor,
         position: int,
         context: bytes | None = None,
+        scores: torch.Tensor | None = None,
     ) -> ChunkInfo | None:
         """Store ``kv`` (``kv_shape(len(token_ids))``, the fingerprint's dtype), computed with
         its first token at ``position`` (``context``: the ``context_hash`` of the tokens
-        before it, only when the KV is exactly a full prefill's for them); evicts
-        lower-valued chunks to make room. Returns the chunk (the one already cached, if
-        any), or None when it cannot fit."""
-        await self.put_many([(token_ids, kv, position)], contexts=[context])
+        before it, only when the KV is exactly a full prefill's for them; ``scores``: its
+        per-token context statistics, ``[tokens]``); evicts lower-valued chunks to make room.
+        Returns the chunk (the one already cached, if any), or None when it cannot fit."""
+        await self.put_many([(token_ids, kv, position)], contexts=[context], scores=[scores])
         return self._chunks.get(chunk_hash(token_ids))
 
     async def put_many(
         self,
         items: Sequence[tuple[Sequence[int], torch.Tensor, int]],
         contexts: Sequence[bytes | None] | None = None,
+        scores: Sequence[torch.Tensor | None] | None = None,
     ) -> int:
-        """``put`` each (token_ids, kv, position) (with ``contexts[i]``, as ``put``'s) with
-        one durable write for all (one submission, one fdatasync per file, one catalog
-        commit); how many were stored."""
+        """``put`` each (token_ids, kv, position) (with ``contexts[i]`` and ``scores[i]``, as
+        ``put``'s) with one durable write for all (one submission, one fdatasync per file,
+        one catalog commit); how many were stored."""
         contexts = list(contexts) if contexts is not None else [None] * len(items)
-        if len(contexts) != len(items):
-            raise InvalidArgumentError(f"{len(contexts)} contexts for {len(items)} chunks")
-        for token_ids, kv, position in items:
+        all_scores = list(scores) if scores is not None else [None] * len(items)
+        if len(contexts) != len(items) or len(all_scores) != len(items):
+            raise InvalidArgumentError(
+                f"{len(contexts)} contexts, {len(all_scores)} scores for {len(items)} chunks"
+            )
+        for (token_ids, kv, position), score in zip(items, all_scores, strict=True):
             self._check(token_ids, kv, position)
+            if score is not None and tuple(score.shape) != (len(token_ids),):
+                raise ChunkShapeError(
+                    f"scores {tuple(score.shape)} for a chunk of {len(token_ids)} tokens"
+                )
         async with self._lock:
             fresh: dict[bytes, ChunkInfo] = {}
             payloads: dict[bytes, torch.Tensor] = {}
-            for (token_ids, kv, position), context in zip(items, contexts, strict=True):
+            for (token_ids, kv, position), context, score in zip(
+                items, contexts, all_scores, strict=True
+            ):
                 digest = chunk_hash(token_ids)
                 if digest in self._chunks or digest in fresh:
                     continue
                 key = chunk_key(self.namespace, digest, len(token_ids), position, context)
-                payloads[digest] = encode_chunk(kv, self.namespace, position, context)
+                payloads[digest] = encode_chunk(kv, self.namespace, position, context, score)
                 size = payloads[digest].numel()
-                fresh[digest] = ChunkInfo(key, digest, len(token_ids), position, size, context)
+                kept_scores = None  # as stored: float16, and none where the header had no room
+                if score is not None:
+                    header = read_header(payloads[digest][:HEADER_BYTES], self.namespace,
+                                         len(token_ids), position, context)  # fmt: skip
+                    kept_scores = decode_scores((header or {}).get("scores"), len(token_ids))
+                fresh[digest] = ChunkInfo(key, digest, len(token_ids), position, size, context,
+                                          kept_scores, scores_known=True)  # fmt: skip
             kept: list[ChunkInfo] = []
             for info in fresh.values():
                 # room for the ones kept so far too: they are written together below

@@ -6,7 +6,8 @@ The one place a chunk object is written and read (kvstore.rag.chunk_cache stores
            [/<context: 32 hex>] when the KV is exact for the tokens before it (see below)
     bytes  header: HEADER_BYTES (4096), JSON padded with spaces: magic, namespace,
            num_tokens, position, context, per-layer key and value RMS (float32 statistics a reuse
-           rule or a reader can check without the KV)
+           rule or a reader can check without the KV), scores (per-token context attention,
+           float16 base64, or null: kvstore.rag.context_stats)
            KV: [layers, 2 (K, V), kv_heads, tokens, head_dim] in the fingerprint's dtype, C
            order, so layer l is the byte range HEADER_BYTES + l * layer_bytes, layer_bytes
            then the object is zero-padded to a 4 KiB page (the NVMe record is then bare:
@@ -28,10 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from kvstore.fingerprint import ModelFingerprint
+from kvstore.rag.context_stats import encode_scores
 
 __all__ = [
     "HEADER_BYTES",
@@ -44,6 +47,7 @@ __all__ = [
     "kv_view",
     "layer_bytes",
     "parse_chunk_key",
+    "read_header",
 ]
 
 HEADER_BYTES = 4096
@@ -109,10 +113,14 @@ def kv_view(
 
 
 def encode_chunk(
-    kv: torch.Tensor, namespace: str, position: int, context: bytes | None = None
+    kv: torch.Tensor,
+    namespace: str,
+    position: int,
+    context: bytes | None = None,
+    scores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The object's bytes (uint8, a multiple of 4 KiB) for ``kv`` computed at ``position``
-    (after the tokens named by ``context``, when exact)."""
+    (after the tokens named by ``context``, when exact), with its per-token ``scores``."""
     kv = kv.detach().to("cpu").contiguous()
     wide = kv.float()
     header = {
@@ -123,8 +131,13 @@ def encode_chunk(
         "context": None if context is None else context.hex(),
         "key_rms": [round(float(x), 6) for x in wide[:, 0].pow(2).mean((1, 2, 3)).sqrt()],
         "value_rms": [round(float(x), 6) for x in wide[:, 1].pow(2).mean((1, 2, 3)).sqrt()],
+        "scores": encode_scores(scores),
     }
-    text = json.dumps(header).encode().ljust(HEADER_BYTES, b" ")
+    text = json.dumps(header).encode()
+    if len(text) > HEADER_BYTES:  # a long chunk of a deep model: its scores do not fit
+        header["scores"] = None
+        text = json.dumps(header).encode()
+    text = text.ljust(HEADER_BYTES, b" ")
     body = kv.reshape(-1).view(torch.uint8)
     size = -(-(HEADER_BYTES + body.numel()) // _PAGE_BYTES) * _PAGE_BYTES
     payload = torch.zeros(size, dtype=torch.uint8)
@@ -138,12 +151,22 @@ def header_ok(
 ) -> bool:
     """Whether the header page ``raw`` names this chunk (a misfiled or damaged object does
     not)."""
+    return read_header(raw, namespace, num_tokens, position, context) is not None
+
+
+def read_header(
+    raw: torch.Tensor, namespace: str, num_tokens: int, position: int, context: bytes | None
+) -> dict[str, Any] | None:
+    """The header page ``raw`` as a dict when it names this chunk; None otherwise."""
     try:
         header = json.loads(raw.numpy().tobytes().decode())
     except (UnicodeDecodeError, ValueError):
-        return False
-    return bool(
+        return None
+    if not isinstance(header, dict):
+        return None
+    ok = bool(
         header.get("magic") == _MAGIC and header.get("namespace") == namespace
         and header.get("num_tokens") == num_tokens and header.get("position") == position
         and header.get("context") == (None if context is None else context.hex())
     )  # fmt: skip
+    return header if ok else None
