@@ -8,8 +8,8 @@ RopeRotator      exact re-rotation of cached keys to new positions (Llama RoPE a
                  linear / llama3 / yarn scalings)
 blend_prefill    selective recompute of a fraction of the reused tokens, chosen by CacheBlend's
                  check-layer K deviation; ``assemble``'s rules choose what is checked: all
-                 ("deviation"), the tokens whose deviation a chunk's first checked reuse
-                 learned to be largest ("learned", the default), positional or stored
+                 ("deviation", the default), the tokens whose deviation a chunk's first
+                 checked reuse learned to be largest ("learned"), positional or stored
                  candidates ("hybrid", "attention"), or no check ("chunk-start")
 context_stats    per-token statistics measured when a chunk is first computed
 assemble         system text + cached chunks + question -> a transformers DynamicCache,
