@@ -1,8 +1,9 @@
 """Collection: points (id, vector, payload) with tenants, filters and keyword indexes.
 
-Files (``<directory>/``): ``points/`` (PointStore: LMDB, the truth) and ``index/`` (a
-SpannIndex with tenancy: every point's vector under its internal id, labelled with the tenants
-that may read it and its keyword-indexed payload values, labels.py).
+Files (``<directory>/``): ``points/`` (PointStore, the truth: records in LMDB, vectors in
+``vectors.dat``) and ``index/`` (a SpannIndex with tenancy: every point's vector under its
+internal id, labelled with the tenants that may read it and its keyword-indexed payload
+values, labels.py).
 
 A write is: check the caller's input and rights (writes.py), commit the points and an intent
 in one synced LMDB transaction, apply the intent to the index (intents.py), return. A crash
