@@ -3,7 +3,11 @@
 Every LMDB store here (the NVMe tier's catalog, the vector index's checkpoint store, the data
 loader's LMDB sources) opens its environment with :func:`open_lmdb`, which first walks the data
 file with py-lmdb's verifier (``check_lmdb_file``: LMDB 0.9 trusts its page headers, and damage
-there could kill the process with SIGBUS), then opens it with LMDB's exceptions translated.
+there could kill the process with SIGBUS), then opens it with LMDB's exceptions translated,
+without readahead unless the caller asks for it: LMDB reads through a memory map, and with
+readahead every cold page fault maps the ~0.5 MiB the kernel read around it into the
+process's resident set (MDB_NORDAHEAD sets MADV_RANDOM: the page alone), which for the
+random point reads of a store is memory the process holds for nothing.
 :func:`lmdb_errors` does that translation at every other boundary: a full disk is NoSpaceError,
 a read-only one PermissionDeniedError, a damaged page CorruptionError naming the data file,
 anything else StorageError. :func:`write_growing` commits one write transaction, doubling the
@@ -74,9 +78,11 @@ def lmdb_errors(path: str) -> Iterator[None]:
 def open_lmdb(
     path: str, *, map_bytes: int | None = None, check: bool = True, **options: Any
 ) -> Any:
-    """Open the LMDB environment at ``path`` (``options``: those of ``lmdb.open``; a map of
-    ``map_bytes``, LMDB's default when None). ``check``: verify the data file first (it reads
-    all of it: for stores of metadata, not for data sets). Raises CorruptionError, StorageError."""
+    """Open the LMDB environment at ``path`` (``options``: those of ``lmdb.open``, with
+    ``readahead=False`` unless given; a map of ``map_bytes``, LMDB's default when None).
+    ``check``: verify the data file first (it reads all of it: for stores of metadata, not
+    for data sets). Raises CorruptionError, StorageError."""
+    options.setdefault("readahead", False)
     data_path = os.path.join(path, "data.mdb") if options.get("subdir", True) else path
     if check:
         check_lmdb_file(data_path)
