@@ -40,7 +40,7 @@ from server.errors import install_error_handlers
 from server.fast_query import FastQuery
 from server.keys import KeyStore
 from server.limits import BodyLimitMiddleware, TimeoutMiddleware
-from server.memory import settle_allocator
+from server.memory import settle_allocator, trimming_heap
 from server.metrics import Metrics
 from server.observability import ObservabilityMiddleware
 from server.ratelimit import RateLimiter
@@ -133,7 +133,9 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.limiter = RateLimiter()
             app.state.catalog = catalog
             log.info("ready: %d collection(s) in %s", len(catalog.names()), settings.data_dir)
-            yield
+            # freed heap pages back to the OS (server.memory)
+            async with trimming_heap(settings.heap_trim_every_s):
+                yield
         finally:
             app.state.catalog = None  # new requests: 503
             # uvicorn has drained the requests; a write whose request timed out may still run

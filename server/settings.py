@@ -5,9 +5,10 @@
 
 The TOML file holds the field names at top level or under ``[server]``: ``data_dir``, ``host``,
 ``port``, ``max_body_bytes``, ``request_timeout_s``, ``graceful_timeout_s``, ``log_level``,
-``sample``, ``memory_budget_bytes``. An environment variable is the field name upper-cased with the
-``TIERKIT_`` prefix (``TIERKIT_PORT=7000``). ``TIERKIT_ADMIN_KEY`` is read by the key store, not
-here: a key never sits in a settings object that may be logged.
+``sample``, ``memory_budget_bytes``, ``heap_trim_every_s``. An environment variable is the
+field name upper-cased with the ``TIERKIT_`` prefix (``TIERKIT_PORT=7000``).
+``TIERKIT_ADMIN_KEY`` is read by the key store, not here: a key never sits in a settings object
+that may be logged.
 
 Thread-safety: values are frozen; ``load_settings`` only reads the environment and one file.
 """
@@ -44,6 +45,7 @@ class Settings:
     log_level: str = "info"
     sample: bool = False  # create the "sample" collection on start if it is missing
     memory_budget_bytes: int | None = None  # the catalog's cache budget (None: its default)
+    heap_trim_every_s: float = 10.0  # freed C heap pages back to the OS this often (0: never)
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -56,6 +58,8 @@ class Settings:
             raise SettingsError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.graceful_timeout_s < 0:
             raise SettingsError(f"graceful_timeout_s must be >= 0, got {self.graceful_timeout_s}")
+        if self.heap_trim_every_s < 0:
+            raise SettingsError(f"heap_trim_every_s must be >= 0, got {self.heap_trim_every_s}")
         if self.log_level not in _LOG_LEVELS:
             raise SettingsError(f"log_level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
 
