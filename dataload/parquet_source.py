@@ -8,24 +8,25 @@ memory (a file object that serves only the fetched spans: any other read is a bu
 fallback). Decoded row groups stay in an LRU cache of ``cache_bytes``, so amplification is one
 row group per miss. Small row groups (the writer's ``row_group_size``) make random access cheap.
 A group is kept in the form batches are gathered from -- numpy for null-free numeric columns,
-Python values otherwise, converted once per group -- so a batch costs one list lookup (or one
-numpy gather per group) per row, not a pyarrow ``take`` and ``to_pylist`` per group it touches.
+offsets and value bytes for null-free strings (a row is decoded when a batch takes it), Python
+values otherwise, converted once per group -- so a batch costs one lookup (or one numpy gather
+per group) per row, not a pyarrow ``take`` and ``to_pylist`` per group it touches.
 A group that concurrently prefetched batches all miss is read and decoded once: the first
 registers an in-flight future, the others wait for it.
 
 Corrupt pages (page checksums are verified when the file has them) make every sample of that
 row group in the batch a CorruptSampleError.
 
-Concurrency: ``read`` runs on the engine's loop; decoding runs in worker threads
-(``asyncio.to_thread``, up to ``_DECODE_CHUNKS`` per read, single-threaded pyarrow each: the
-first batches of an epoch miss most groups); the cache and the in-flight map are only touched
-from the loop thread.
+Concurrency: ``read`` runs on the engine's loop; decoding runs in the source's
+:class:`~dataload.decode_pool.DecodePool` (one thread per CPU, up to ``_DECODE_CHUNKS`` jobs per
+read, single-threaded pyarrow each: the first batches of an epoch miss most groups), earliest
+read first, so the batch the consumer waits for is not slowed by the decoding of those
+prefetched behind it; the cache and the in-flight map are only touched from the loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 from collections import OrderedDict
 
@@ -33,7 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataload.decode_pool import DecodePool, cpu_threads
 from dataload.errors import CorruptSampleError, SampleError, SourceFormatError
+from dataload.parquet_parts import FetchedSpans, Strings
 from dataload.slabs import SlabPool
 from dataload.source import FileSource, SampleBatch
 from tiers.io import FileHandle, InvalidArgumentError, IOEngine, StorageError, map_os_errors
@@ -69,6 +72,13 @@ class ParquetSource(FileSource):
         self._cache_bytes, self._cached_bytes = cache_bytes, 0
         self._engine: IOEngine | None = None
         self._file: FileHandle | None = None
+        self._decoder: DecodePool | None = None
+        self._reads = 0  # reads so far: a read's decode jobs go before those of later reads
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_decoder"] = None  # threads do not pickle; a worker never decodes
+        return state
 
     def _layout(self) -> tuple[np.ndarray, np.ndarray]:
         """First row of each row group, and each group's [start, end) over the chosen columns."""
@@ -93,7 +103,16 @@ class ParquetSource(FileSource):
     async def open(self, engine: IOEngine) -> None:
         self._cache, self._cached_bytes = OrderedDict(), 0  # per loader: no sharing across loops
         self._inflight = {}
+        self._decoder = DecodePool(cpu_threads(), name="tierkit-decode-parquet")
         await super().open(engine)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if self._decoder is not None:
+                self._decoder.close()
+            self._decoder = None
 
     async def read(self, indices: np.ndarray, slabs: SlabPool) -> SampleBatch:
         indices = self.check_indices(indices)
@@ -184,6 +203,7 @@ class ParquetSource(FileSource):
         loop = asyncio.get_running_loop()
         futures = {g: loop.create_future() for g in missing}
         self._inflight.update(futures)
+        priority, self._reads = self._reads, self._reads + 1
         try:
             spans = self._spans[missing]
             lengths = spans[:, 1] - spans[:, 0]
@@ -196,13 +216,15 @@ class ParquetSource(FileSource):
             else:
                 # Groups decode in parallel chunks (pyarrow releases the GIL while decoding), and
                 # each chunk's groups are published as soon as it is done.
+                assert self._decoder is not None
                 step = -(-len(missing) // min(_DECODE_CHUNKS, len(missing)))
                 chunks = [
                     range(i, min(i + step, len(missing))) for i in range(0, len(missing), step)
                 ]
                 tasks = [
-                    asyncio.ensure_future(
-                        asyncio.to_thread(
+                    asyncio.wrap_future(
+                        self._decoder.submit(
+                            priority,
                             self._decode,
                             [missing[i] for i in c],
                             spans[c.start : c.stop],
@@ -245,7 +267,7 @@ class ParquetSource(FileSource):
         for start, end in spans.tolist():
             pieces[start] = memoryview(data[place : place + end - start])  # type: ignore[arg-type]
             place += end - start
-        fetched = _FetchedSpans(pieces, self.name, self._size_bytes)
+        fetched = FetchedSpans(pieces, self.name, self._size_bytes)
         reader = pq.ParquetFile(fetched, metadata=self._meta, page_checksum_verification=True)
         out: dict[int, _Group | str] = {}
         for g in groups:
@@ -267,19 +289,23 @@ class ParquetSource(FileSource):
 
 class _Group:
     """One decoded row group, column by column in the form batches are gathered from: a numpy
-    array (numeric, no nulls) or a list of Python values (converted once per group, in the
-    decode thread, instead of once per batch that touches the group)."""
+    array (numeric, no nulls), the Arrow buffers of a null-free string or binary column
+    (:class:`Strings`: a row becomes a Python object only when a batch takes it), or a list of
+    Python values (converted once per group, in the decode thread)."""
 
     __slots__ = ("columns", "nbytes")
 
     def __init__(self, table: pa.Table, names: list[str]) -> None:
-        self.columns: dict[str, np.ndarray | list] = {}
+        self.columns: dict[str, np.ndarray | list | Strings] = {}
         self.nbytes = table.nbytes
         for name in names:
             column = table.column(name)
             numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
             if numeric and column.null_count == 0:
                 self.columns[name] = column.to_numpy()
+            elif Strings.fits(column):
+                self.columns[name] = Strings(column.combine_chunks())
+                self.nbytes += _PY_INT_BYTES * len(column)
             else:
                 self.columns[name] = column.to_pylist()
                 self.nbytes += _PY_OBJECT_BYTES * len(column)
@@ -287,38 +313,4 @@ class _Group:
 
 _DECODE_CHUNKS = 4  # decode threads per read: the first batches of an epoch miss most groups
 _PY_OBJECT_BYTES = 64  # rough per-value cost of a Python object and its list slot
-
-
-class _FetchedSpans(io.RawIOBase):
-    """A read-only file that holds only the spans fetched through the engine."""
-
-    def __init__(self, pieces: dict[int, memoryview], name: str, size_bytes: int) -> None:
-        self._pieces = sorted(pieces.items())
-        self._position = 0
-        self._name = name
-        self._size_bytes = size_bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        ends = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size_bytes}
-        base = ends[whence]
-        self._position = base + offset
-        return self._position
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        want = len(buffer)
-        for start, piece in self._pieces:
-            if start <= self._position and self._position + want <= start + len(piece):
-                at = self._position - start
-                buffer[:want] = piece[at : at + want]
-                self._position += want
-                return want
-        raise OSError(f"{self._name}: read of {want} bytes at {self._position} was not prefetched")
+_PY_INT_BYTES = 40  # an offset kept as a Python int and its list slot
