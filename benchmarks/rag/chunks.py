@@ -17,7 +17,7 @@ quality is compared on ``--quality-requests`` evenly spaced requests; with one r
 TTFT spread is over the replay's quarters. The model runs on one thread: on this shared
 2-vCPU VM two OpenMP threads spin against other processes.
 
-Modes: the full mode (the headline) replays 5,000 requests in one round (~12 min here):
+Modes: the full mode (the headline) replays 5,000 requests in one round (12-16 min here):
 long enough that the cold misses (``floor_vs_prefix_caching``, printed beside the key) are
 a small part, and the key is still over the whole replay, cold misses included. ``--quick``
 replays 120 requests of the first 100 queries in 2 rounds (~2 min): its key is dominated by
@@ -101,7 +101,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.no_cache_every = args.no_cache_every or (1 if quick else 8)
     default = "0,0.1,1" if quick else ""
     args.fractions = [float(f) for f in (args.fractions or default).split(",") if f]
-    rules = args.rules or ("chunk-start,learned,attention" if quick else "learned,attention")
+    rules = args.rules or (
+        "chunk-start,deviation,learned-refresh" if quick else "deviation,attention"
+    )
     args.rules = [r for r in rules.split(",") if r]
     if args.rule not in args.rules:
         args.rules.append(args.rule)

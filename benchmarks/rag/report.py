@@ -68,12 +68,12 @@ def row(results: list[ReplayResult], blocks: int = 0) -> dict[str, Any]:
 
 
 def print_table(rows: Sequence[dict[str, Any]], total_tokens: int, prefix_tokens: float) -> None:
-    print(f"{'configuration':<24} {'tokens':>10} {'/ none':>7} {'/ prefix':>8} "
+    print(f"{'configuration':<30} {'tokens':>10} {'/ none':>7} {'/ prefix':>8} "
           f"{'TTFT ms median (spread)':>26} {'rnds':>4} {'top-1':>7} {'KL nats':>9} "
           f"{'wait ms':>7} {'reused':>9}")  # fmt: skip
     for r in rows:
         print(
-            f"{r['name']:<24} {r['tokens']:>10.0f} {r['tokens'] / total_tokens:>7.3f} "
+            f"{r['name']:<30} {r['tokens']:>10.0f} {r['tokens'] / total_tokens:>7.3f} "
             f"{r['tokens'] / prefix_tokens:>8.3f} {r['ttft_spread']:>26} {r['rounds']:>4} "
             f"{r['top1']:>7.4f} {r['kl']:>9.2e} {r['load_wait_ms']:>7.2f} "
             f"{r['reused_requests']:>4}/{r['requests']}"

@@ -7,10 +7,11 @@ ChunkCache       chunks' KV on the tiered store (DRAM over NVMe: checksummed, re
 RopeRotator      exact re-rotation of cached keys to new positions (Llama RoPE and its
                  linear / llama3 / yarn scalings)
 blend_prefill    selective recompute of a fraction of the reused tokens, chosen by CacheBlend's
-                 check-layer K deviation; ``assemble``'s rules choose what is checked: all
-                 ("deviation", the default), the tokens whose deviation a chunk's first
-                 checked reuse learned to be largest ("learned"), positional or stored
-                 candidates ("hybrid", "attention"), or no check ("chunk-start")
+                 check-layer K deviation; ``assemble``'s rules choose what is checked: the
+                 tokens whose deviation a chunk's first checked reuse found largest
+                 ("learned", the default; "learned-refresh"), all ("deviation"),
+                 positional or stored candidates ("hybrid", "attention"), or no check
+                 ("chunk-start")
 context_stats    per-token statistics measured when a chunk is first computed
 assemble         system text + cached chunks + question -> a transformers DynamicCache,
                  each chunk's layers streamed in while the layers below compute;
