@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.proc_maps import mapped_kib
 from tiers.io import CorruptionError
 from tiers.storage import seal
 from vectordb.collections import Collection, CollectionConfig
@@ -46,18 +47,6 @@ async def _vector_of(c: Collection, point_id: int) -> np.ndarray:
     return np.asarray(point.vector, np.float32)
 
 
-def _mapped_kib(path: Path) -> int:
-    total, inside = 0, False
-    with open("/proc/self/smaps") as stream:
-        for line in stream:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                inside = fields[-1] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
 def test_adding_points_maps_little_of_the_store(tmp_path: Path) -> None:
     """1,000 points of 384 dimensions, each batch queried with payloads: the store's LMDB file
@@ -74,13 +63,13 @@ def test_adding_points_maps_little_of_the_store(tmp_path: Path) -> None:
                 hits = await c.query(vectors[:8], limit=10, with_payload=True)
                 assert all(row[0].payload is not None for row in hits)
             data = where / "c" / "points" / "data.mdb"
-            return data.stat().st_size, _mapped_kib(data)
+            return data.stat().st_size, mapped_kib(data)
         finally:
             await c.aclose()
 
-    file_bytes, mapped_kib = _run(main, tmp_path)
+    file_bytes, resident_kib = _run(main, tmp_path)
     assert file_bytes < 1000 * 1024, f"{file_bytes} bytes of LMDB for 1,000 points"
-    assert mapped_kib < 1000, f"{mapped_kib} KiB mapped for 1,000 points"
+    assert resident_kib < 1000, f"{resident_kib} KiB mapped for 1,000 points"
 
 
 def test_a_failed_commit_leaves_the_committed_vector(

@@ -13,6 +13,7 @@ from typing import Any
 import lmdb
 import pytest
 
+from tests.proc_maps import mapped_kib
 from tiers.io.errors import CorruptionError, PermissionDeniedError, StorageError
 from tiers.storage import LmdbWriter, lmdb_errors, open_lmdb, write_growing
 
@@ -112,19 +113,6 @@ def test_a_failed_commit_fails_every_change_in_it_and_only_those() -> None:
     assert all(isinstance(r, StorageError) for r in results[1:3])
 
 
-def _mapped_kib(path: Path) -> int:
-    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as stream:
-        for line in stream:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                inside = fields[-1] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
 def test_a_cold_read_maps_its_page_not_a_readahead_window(tmp_path: Path) -> None:
     """open_lmdb opens without readahead: one point read from a cold 8 MiB store leaves a few
@@ -144,8 +132,8 @@ def test_a_cold_read_maps_its_page_not_a_readahead_window(tmp_path: Path) -> Non
         with env.begin() as txn:
             for i in (300, 1100, 1900):
                 assert txn.get(i.to_bytes(4, "big")) == bytes([i % 256]) * 4000
-        mapped_kib = _mapped_kib(data)
+        resident_kib = mapped_kib(data)
     finally:
         env.close()
     # three values, their leaves and the branch pages above them; readahead: > 1 MiB
-    assert mapped_kib <= 128, f"{mapped_kib} KiB of the file resident after three reads"
+    assert resident_kib <= 128, f"{resident_kib} KiB of the file resident after three reads"
