@@ -39,7 +39,7 @@ class Strings:
         start = array.offset
         assert offsets is not None
         self._offsets = np.frombuffer(offsets, width)[start : start + len(array) + 1].tolist()
-        self._data = memoryview(data) if data is not None else memoryview(b"")
+        self._data = memoryview(data).cast("B") if data is not None else memoryview(b"")
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -51,6 +51,14 @@ class Strings:
 
     def tolist(self) -> list[str | bytes]:
         return [self[row] for row in range(len(self))]
+
+    @property
+    def text(self) -> bool:
+        return self._text
+
+    def piece(self, row: int) -> memoryview:
+        """Row ``row``'s value bytes, undecoded (a view of the Arrow buffer)."""
+        return self._data[self._offsets[row] : self._offsets[row + 1]]
 
 
 class FetchedSpans(io.RawIOBase):

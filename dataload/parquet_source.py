@@ -8,7 +8,9 @@ memory (a file object that serves only the fetched spans: any other read is a bu
 fallback). Decoded row groups stay in an LRU cache of ``cache_bytes``, so amplification is one
 row group per miss. Small row groups (the writer's ``row_group_size``) make random access cheap.
 A group is kept in the form batches are gathered from -- numpy for null-free numeric columns,
-offsets and value bytes for null-free strings (a row is decoded when a batch takes it), Python
+offsets and value bytes for null-free strings (a batch copies its rows' bytes into a slab,
+:class:`~dataload.packed_strings.PackedStrings`, and a row becomes a ``str`` where the sample
+is taken: in a worker process, so the text never crosses the pipe), Python
 values otherwise, converted once per group -- so a batch costs one lookup (or one numpy gather
 per group) per row, not a pyarrow ``take`` and ``to_pylist`` per group it touches.
 A group that concurrently prefetched batches all miss is read and decoded once: the first
@@ -36,6 +38,7 @@ import pyarrow.parquet as pq
 
 from dataload.decode_pool import DecodePool, cpu_threads
 from dataload.errors import CorruptSampleError, SampleError, SourceFormatError
+from dataload.packed_strings import pack_rows
 from dataload.parquet_parts import FetchedSpans, Strings
 from dataload.slabs import SlabPool
 from dataload.source import FileSource, SampleBatch
@@ -124,21 +127,31 @@ class ParquetSource(FileSource):
                 if group in failed:
                     error = CorruptSampleError(self.name, int(indices[position]), failed[group])
                     errors[position] = error
-        columns = self._gather(indices, groups, decoded)
-        return SampleBatch(indices, columns=columns, errors=errors, bytes_read=bytes_read)
+        columns, data = self._gather(indices, groups, decoded, slabs)
+        return SampleBatch(indices, data, columns=columns, errors=errors, bytes_read=bytes_read)
 
     def _gather(
-        self, indices: np.ndarray, groups: np.ndarray, decoded: dict[int, _Group]
-    ) -> dict[str, object]:
-        """Columns in sampler order from the decoded groups: one numpy gather per group for
-        null-free numeric columns, one list lookup per row for the rest (the groups' values were
-        converted to Python once, when decoded). Rows of failed groups are None (0 in numeric
-        columns)."""
+        self, indices: np.ndarray, groups: np.ndarray, decoded: dict[int, _Group], slabs: SlabPool
+    ) -> tuple[dict[str, object], np.ndarray | None]:
+        """Columns in sampler order from the decoded groups, and the batch's bytes: one numpy
+        gather per group for null-free numeric columns; null-free strings copied back to back
+        into one slab (the batch's ``data``) as :class:`PackedStrings`, decoded where a sample
+        is taken -- in a worker process, the bytes do not cross the pipe; one list lookup per
+        row for the rest (the groups' values were converted to Python once, when decoded).
+        Rows of failed groups are None (0 in numeric columns)."""
         n = len(indices)
         rows = indices - self._first_rows[groups]
         out: dict[str, object] = {}
+        packed: dict[str, tuple[list[memoryview], bool]] = {}
+        at_rows = list(zip(groups.tolist(), rows.tolist(), strict=True))
+        whole = n > 0 and len(decoded) == len({g for g, _ in at_rows})  # no failed group
         for name in self.columns:
             parts = {g: group.columns[name] for g, group in decoded.items()}
+            strings = {g: p for g, p in parts.items() if isinstance(p, Strings)}
+            if whole and len(strings) == len(parts):
+                pieces = [strings[g].piece(r) for g, r in at_rows]
+                packed[name] = (pieces, next(iter(strings.values())).text)
+                continue
             arrays = [p for p in parts.values() if isinstance(p, np.ndarray)]
             if parts and len(arrays) == len(parts):
                 target = np.zeros(n, arrays[0].dtype)
@@ -149,12 +162,16 @@ class ParquetSource(FileSource):
                 continue
             lookup = {g: p.tolist() if isinstance(p, np.ndarray) else p for g, p in parts.items()}
             column: list[object] = [None] * n
-            for position, (g, r) in enumerate(zip(groups.tolist(), rows.tolist(), strict=True)):
+            for position, (g, r) in enumerate(at_rows):
                 found = lookup.get(g)
                 if found is not None:
                     column[position] = found[r]
             out[name] = column
-        return out
+        if not packed:
+            return out, None
+        data, columns = pack_rows(packed, slabs.acquire)
+        out.update(columns)
+        return {name: out[name] for name in self.columns}, data  # the columns' order
 
     async def _groups(
         self, groups: list[int], slabs: SlabPool

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dataload.collate import Assembled
+from dataload.packed_strings import PackedStrings
 from dataload.source import SampleBatch, Source
 from dataload.workers.pool import ProcessPool, _on_loop
 from dataload.workers.protocol import Task, unpack_tree
@@ -118,7 +119,7 @@ class ProcessFetcher:
             sizes=batch.sizes,
             packed=batch.packed,
             labels=batch.labels,
-            columns=batch.columns,
+            columns=_detach(batch.columns, batch.data),
             failed_positions=sorted(batch.errors),
             bytes_read=batch.bytes_read,
         )
@@ -178,3 +179,16 @@ class ProcessFetcher:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _detach(columns: dict[str, Any] | None, data: np.ndarray | None) -> dict[str, Any] | None:
+    """String columns packed into the batch's data go as offsets only: the bytes are in the
+    slab the task names, and the worker re-attaches them there."""
+    if columns is None or data is None:
+        return columns
+    return {
+        name: values.detached()
+        if isinstance(values, PackedStrings) and values.data is data
+        else values
+        for name, values in columns.items()
+    }

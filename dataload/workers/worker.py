@@ -33,6 +33,7 @@ import torch
 
 from dataload.collate import mark_loader_worker
 from dataload.errors import SampleError
+from dataload.packed_strings import PackedStrings
 from dataload.source import SampleBatch
 from dataload.workers.protocol import READY, STOP, Done, Failed, Task, pack_tree, tree_bytes
 from dataload.workers.shm import Attachments
@@ -107,12 +108,20 @@ def _run(task: Task, assembler: Any, attachments: Attachments) -> Done:
     if task.data_ref is not None:
         name, offset, length = task.data_ref
         data = attachments.get(name, offset + length)[offset : offset + length]
+    columns = task.columns
+    if columns is not None and data is not None:  # string columns sent as offsets only
+        columns = {
+            name: values.attached(data)
+            if isinstance(values, PackedStrings) and values.data is None
+            else values
+            for name, values in columns.items()
+        }
     batch = SampleBatch(
         task.indices,
         data,
         task.starts,
         task.sizes,
-        task.columns,
+        columns,
         bytes_read=task.bytes_read,
         packed=task.packed,
         labels=task.labels,
