@@ -105,3 +105,12 @@ async def run_until_power_cut(
         await index.aclose()
         await engine.aclose()
     return acked, [*starts, engine.batches]
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0x10) -> None:
+    """XOR one byte of ``path`` at ``offset`` with ``mask``: planted on-disk damage."""
+    with open(path, "r+b") as stream:
+        stream.seek(offset)
+        byte = stream.read(1)
+        stream.seek(offset)
+        stream.write(bytes([byte[0] ^ mask]))

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from tests.proc_maps import mapped_kib
+from tests.vectordb.helpers import flip_byte
 from tiers.io import CorruptionError
 from tiers.storage import seal
 from vectordb.collections import Collection, CollectionConfig
@@ -136,19 +137,12 @@ def test_a_reader_racing_two_overwrites_gets_the_current_vector(tmp_path: Path) 
     _run(main, tmp_path)
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as stream:
-        stream.seek(offset)
-        byte = stream.read(1)
-        stream.seek(offset)
-        stream.write(bytes([byte[0] ^ 0x40]))
-
-
 def test_a_damaged_vector_is_a_corruption_error(tmp_path: Path) -> None:
     async def main(where: Path) -> None:
         c = await _collection(where, dim=8)
         await c.upsert([0, 1], _vectors(2, 0, 8))
-        _flip(where / "c" / "points" / "vectors.dat", 2 * 1 * 8 * 4 + 3)  # id 1, side 0
+        vectors = where / "c" / "points" / "vectors.dat"
+        flip_byte(vectors, 2 * 1 * 8 * 4 + 3, mask=0x40)  # id 1, side 0
         (ok,) = await c.retrieve([0], with_vector=True)
         assert ok.vector is not None
         assert len(await c.retrieve([1], with_vector=False)) == 1  # payloads still read

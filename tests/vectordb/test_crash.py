@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.vectordb import crash_writer as writer
-from tests.vectordb.helpers import clustered, run_and_kill, run_until_power_cut
+from tests.vectordb.helpers import clustered, flip_byte, run_and_kill, run_until_power_cut
 from tiers.io.errors import CorruptionError
 from vectordb import IndexConfig, SearchParams, SpannIndex
 from vectordb.index import POSTINGS_FILE
@@ -96,19 +96,11 @@ def test_kill_9_of_a_writer_loses_no_acknowledged_update(tmp_path: Path) -> None
     asyncio.run(_check(directory, writer.schedule(5), acked))
 
 
-def _flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x10]))
-
-
 def test_a_flipped_byte_in_a_posting_page_is_skipped_or_raised(tmp_path: Path) -> None:
     async def main() -> None:
         await _create(tmp_path / "i")
         path = tmp_path / "i" / POSTINGS_FILE
-        _flip_byte(path, 100)  # the first list starts at page 0
+        flip_byte(path, 100)  # the first list starts at page 0
         async with await SpannIndex.open(tmp_path / "i") as index:
             strict = SearchParams(max_postings=100_000, prune_ratio=1e9, strict=True)
             with pytest.raises(CorruptionError, match="posting list 0"):
