@@ -120,9 +120,9 @@ def test_a_format_1_store_is_read_and_rewritten(tmp_path: Path) -> None:
     store = MetaStore(str(path))
     try:
         assert _same(store.read(), want)
-        store.write(Checkpoint(CONFIG, STATE, _arrays()))  # the next checkpoint is format 2
+        store.write(Checkpoint(CONFIG, STATE, _arrays()))  # the next checkpoint is format 3
         assert _same(store.read(), Checkpoint(CONFIG, STATE, _arrays()))
         with store._env.begin() as txn:
-            assert bytes(txn.get(b"format"))[:4] == struct.pack("<I", 2)
+            assert bytes(txn.get(b"format"))[:4] == struct.pack("<I", 3)
     finally:
         store.close()
