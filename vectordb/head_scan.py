@@ -33,14 +33,17 @@ given a second thread, waits for a core the other search thread holds (measured:
 instead of ~7 ms per 500 queries in 32-query pieces). Only the calling thread's OpenMP
 setting is changed, for the call (``tiers.io.cpu_threads.this_thread_openmp_alone``), never torch's
 process-wide one.
-Shapes. torch keeps compiled code for every (queries, heads) shape its bfloat16 product has
-seen, ~240 KB each, for the life of the process (measured: 6,000 shapes, +950 MiB). A live
-index changes its head count with every split and its batch size with every gather, so the
-product is taken over shapes rounded up (the extra rows are computed and ignored): heads by at
-most a sixteenth, queries to a power of two up to 64 (a small batch's product costs reading
-the heads, not its rows): 16 head counts per doubling of the heads. Measured in the REST soak
-(debian-minilm, 90/10 mix): the server's anonymous memory grew ~1 MiB/s once the heads passed
-navigator.BFLOAT16_FROM_CELLS (2,731 at 384-d).
+Shapes. torch keeps compiled code for every shape its bfloat16 product has seen, for the life
+of the process (measured: 6,000 shapes, +950 MiB; ~650 KiB a shape at 384-d). A live index
+changes its head count with every split and its batch size with every gather, so the product
+is taken in a fixed set of shapes only: ``HEAD_CHUNK`` heads at a time (the last piece ends at
+the last head and overlaps the one before: recomputed, never padded) times a query piece of a
+power of two up to ``QUERY_PIECE`` rows: at most 7 shapes per dimension, whatever the index
+does. (Rounding the head count up by a sixteenth instead still made 16 new head counts per
+doubling, times 7 batch sizes: in the REST soak, +31 MiB within a minute once the heads
+passed navigator.BFLOAT16_FROM_CELLS, 2,731 at 384-d, and +4.5 MiB per 128 heads after.)
+``warm_up(dim)`` runs each shape once, so an index that will scan heads this way pays the
+kernels' one-time code when it opens, not in the middle of serving.
 Thread-safety: ``nearest`` may run on several threads at once; ``BfloatHeads.put``/``move``
 only while no search runs (the navigator's heads change under the same rule).
 """
@@ -60,7 +63,8 @@ from tiers.io import this_thread_openmp_alone
 __all__ = ["BfloatHeads", "bfloat16_is_native", "nearest", "warm_up"]
 
 _U = 2.0**-8  # bfloat16 unit roundoff (8 significant bits)
-_QUERY_STEP = 32  # past 64 queries, rounded up to a multiple of this; below, a power of two
+HEAD_CHUNK = 1024  # heads per product; ~15% slower than one product, measured
+QUERY_PIECE = 64  # queries per product; fewer: rounded up to a power of two
 
 
 @functools.cache
@@ -94,7 +98,7 @@ class BfloatHeads:
         self.count = 0
         self.bits = np.zeros((0, self.dim), np.uint16)
         self.norms = self.upper_base = self.lower_base = np.zeros(0, np.float32)
-        self._grow(max(capacity, len(heads)))
+        self._grow(max(capacity, len(heads), HEAD_CHUNK))  # a whole chunk is always there
         self.put(0, heads)
 
     def _grow(self, capacity: int) -> None:
@@ -144,25 +148,30 @@ class BfloatHeads:
 
         x = queries - self.centre if self.l2 else queries
         x_norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-        # rounded shapes: torch keeps code per shape for good (the module's docstring)
-        rows = np.zeros((_padded_queries(len(x)), self.dim), np.float32)
+        # fixed shapes only: torch keeps code per shape for good (the module's docstring)
+        piece = _padded_queries(len(x))
+        pieces = -(-len(x) // piece)
+        rows = np.zeros((pieces * piece, self.dim), np.float32)
         rows[: len(x)] = x
-        rounded_x = torch.from_numpy(rows).to(torch.bfloat16)
-        n_heads = min(_padded_heads(self.count), len(self.bits))
+        rounded_x = torch.from_numpy(rows).to(torch.bfloat16).view(pieces, piece, self.dim)
+        n_heads = max(self.count, HEAD_CHUNK)  # the rows past count are held (zero or stale)
         heads = torch.from_numpy(self.bits[:n_heads].view(np.int16)).view(torch.bfloat16)
+        out = torch.empty((pieces, n_heads, piece), dtype=torch.bfloat16)
         with this_thread_openmp_alone():
-            return (rounded_x @ heads.T).float().numpy(), x_norms
+            for p in range(pieces):
+                x_t = rounded_x[p].T
+                for first in range(0, n_heads, HEAD_CHUNK):
+                    first = min(first, n_heads - HEAD_CHUNK)  # the last chunk overlaps
+                    chunk = slice(first, first + HEAD_CHUNK)
+                    torch.matmul(heads[chunk], x_t, out=out[p, chunk])
+            # to rows of queries in the same pass that widens: the selection reads by rows
+            wide = out.transpose(1, 2).float().contiguous().view(pieces * piece, n_heads)
+            return wide.numpy(), x_norms
 
 
 def _padded_queries(n: int) -> int:
-    if n <= 2 * _QUERY_STEP:
-        return 1 << max(n - 1, 0).bit_length()
-    return -(-n // _QUERY_STEP) * _QUERY_STEP
-
-
-def _padded_heads(n: int) -> int:
-    step = max(64, 1 << max(n.bit_length() - 5, 0))  # at most n / 16 from 1,024 heads on
-    return -(-n // step) * step
+    """The query piece for ``n`` queries: a power of two, at most QUERY_PIECE."""
+    return min(QUERY_PIECE, 1 << max(n - 1, 0).bit_length())
 
 
 def nearest(
@@ -256,8 +265,10 @@ def _select(
             out_dist[qi, r] = exact[order[r]]
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) the selection pass; import torch."""
+def warm_up(dim: int | None = None) -> None:
+    """Compile (or load from numba's cache) the selection pass; import torch; with ``dim``,
+    run the bfloat16 product once in each of its shapes at that dimension (torch's one-time
+    code for them: made now, not while serving)."""
     import torch  # noqa: F401  (seconds on a first import)
 
     one = np.zeros((1, 2), np.float32)
@@ -265,3 +276,9 @@ def warm_up() -> None:
     pos, dist = np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float32)
     _select(np.zeros((1, 2), np.float32), scale, two, two, np.zeros(1, np.float32), two,
             one, one, True, pos, dist)  # fmt: skip
+    if dim is not None:
+        heads = BfloatHeads(np.zeros((1, dim), np.float32), True)
+        n = QUERY_PIECE
+        while n >= 1:
+            heads.approximate_dots(np.zeros((n, dim), np.float32))
+            n //= 2

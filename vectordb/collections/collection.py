@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from tiers.io import IORuntime
+from vectordb import head_scan, navigator
 from vectordb.collections import writes
 from vectordb.collections.errors import InvalidPointError
 from vectordb.collections.filters import Filter
@@ -53,6 +54,16 @@ from vectordb.index import SpannIndex
 __all__ = ["Collection"]
 
 _MAX_TENANT_CHARS = 1000
+
+
+async def _warm_head_scan(index: SpannIndex, dim: int) -> None:
+    """An index with at least half the heads at which its head scan turns to bfloat16
+    products makes torch's code for them now (head_scan.warm_up: a fixed few shapes, ~30 MiB
+    once): growing past the threshold while serving then costs no memory step and no slow
+    first batch. Smaller indexes are left alone: they may never get there."""
+    cells = index.navigator.n_heads * dim
+    if 2 * cells >= navigator.BFLOAT16_FROM_CELLS and head_scan.bfloat16_is_native():
+        await asyncio.to_thread(head_scan.warm_up, dim)
 
 
 class Collection:
@@ -113,6 +124,7 @@ class Collection:
             raise
         collection = cls(name, config, store, index)
         try:
+            await _warm_head_scan(index, config.dim)
             for seq, ops in store.intents():
                 await apply_intent(index, store, ops, collection.payload_indexes)
                 collection._done.append(seq)
