@@ -443,6 +443,12 @@ def test_shortlists_split_and_merge_and_stay_exact(tmp_path: Path, metric: str) 
                 model.grant(range(start, start + 60), "grow")
                 result = await index.search(queries, 10, EXACT, tenant="grow")
                 assert_exact(m, model, queries, 10, "grow", result, f"granted {start + 60}: ")
+                # the copies wait for the checkpoint (pending grants, scored from home copies)
+                assert index.stats()["pending_grants"] == 60
+                await index.checkpoint()  # placed into the shortlists the earlier calls made
+                assert index.stats()["pending_grants"] == 0
+                result = await index.search(queries, 10, EXACT, tenant="grow")
+                assert_exact(m, model, queries, 10, "grow", result, f"settled {start + 60}: ")
             grown = index.stats()["shortlists"]
             assert grown >= 30, f"300 ids of one tenant, tau 2, in {grown} shortlists"
             for start in range(0, 290, 58):

@@ -1,7 +1,7 @@
-"""Batched grants and revokes (issue 15): a grant of many ids is one log record, one read of
-home copies (made while the record is written), one write of the new runs (shortlists pushed
-past the limit split with the new rows before anything is appended), and the merges a revoke
-leaves behind wait for the next checkpoint (Tenancy.settle_pending).
+"""Batched grants and revokes (issue 15): a grant of many ids is one log record; its copies wait
+for the next checkpoint (Tenancy.settle_pending: one read of home copies a tenant, one write of
+the new runs, shortlists pushed past the limit split with the new rows before anything is
+appended), and so do the merges a revoke leaves behind.
 
 - power cuts at every I/O batch of a run of large grants, revokes and checkpoints: the reopened
   index holds the acknowledged state, or that plus the call in flight whole, and a whole-tenant

@@ -3,8 +3,8 @@
 Each change is one write-ahead-log record, appended (durable) before it is applied, under the
 index's update lock, so an acknowledged grant, revoke, tenant delete or insert-with-tenants
 survives a crash and an unacknowledged one is replayed whole or not at all. Every check on
-caller input runs before the record is written. A grant reads the home copies it will copy
-while its record is written (a read changes nothing); it applies them once the record is in.
+caller input runs before the record is written. A grant changes the access table once its
+record is in; the copies into the tenant's shortlists wait (Tenancy.settle_pending).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from vectordb.errors import IndexConfigError, InvalidTenantError
 from vectordb.gather import SearchGatherer
 from vectordb.metric import prepare, to_scores
 from vectordb.search_result import SearchResult
-from vectordb.tenancy.tenancy import Fetched, Tenancy
+from vectordb.tenancy.tenancy import Tenancy
 from vectordb.tenancy.tenant_names import TenantId, check_tenant
 from vectordb.tenancy.tenant_search import tenant_search
 from vectordb.tenancy.wal_records import (
@@ -72,27 +71,13 @@ async def _pairs(index: SpannIndex, kind: int, ids: Any, tenant: Any) -> int:
         return 0
     async with index.update_lock:
         index.check_open()
-        log = index.wal.append_raw(kind, len(ids), encode_grant(ids, name))
+        await index.wal.append_raw(kind, len(ids), encode_grant(ids, name))
         if kind == GRANT:
-            fetched = await _read_while(log, tenancy.read_for_grant(ids, name))
-            changed = await tenancy.apply_grant(ids, name, fetched)
+            changed = await tenancy.apply_grant(ids, name)
         else:
-            await log
             changed = await tenancy.apply_revoke(ids, name)
     await maybe_checkpoint(index)
     return changed
-
-
-async def _read_while(log: Awaitable[Any], read: Awaitable[Fetched]) -> Fetched:
-    """``read``'s result, read while ``log`` is written; a failed log write waits for the
-    read (its buffers stay in use until it lands) and raises."""
-    reading = asyncio.ensure_future(read)
-    try:
-        await log
-    except BaseException:
-        await asyncio.gather(reading, return_exceptions=True)
-        raise
-    return await reading
 
 
 async def delete_tenant(index: SpannIndex, tenant: Any) -> int:

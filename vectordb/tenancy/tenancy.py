@@ -9,6 +9,8 @@ again when the log is replayed (each is idempotent: a pair already there is not 
   and trained again, with every shortlist placed again, while the index is younger than two
   leaves' worth of vectors, so that a tree grown from a handful of vectors does not stay a root);
 - shortlists + tenant_updates: each tenant's shortlists and how they split and merge;
+- pending_grants: granted pairs whose copies wait for ``settle_pending`` (searches score them
+  from their home copies meanwhile);
 - tenant_store: home copies and shortlist runs in ``tenants.dat``.
 
 Concurrency: loop thread; changes under the index's update lock; searches (tenant_search) read
@@ -23,6 +25,7 @@ import numpy as np
 
 from vectordb.metric import Metric, prepare
 from vectordb.tenancy.access_table import AccessTable
+from vectordb.tenancy.pending_grants import PendingGrants
 from vectordb.tenancy.shortlists import TenantShortlists
 from vectordb.tenancy.tenant_bulk import bulk_load
 from vectordb.tenancy.tenant_names import TenantId, TenantNames
@@ -31,15 +34,17 @@ from vectordb.tenancy.tenant_tree import TenantTree
 from vectordb.tenancy.tenant_updates import place, settle
 from vectordb.tenancy.wal_records import TenantRows
 
-__all__ = ["Fetched", "Tenancy"]
-
-# (rows of the call's ids, their home locations, their stored vectors): Tenancy.read_for_grant
-Fetched = tuple[np.ndarray, np.ndarray, np.ndarray]
+__all__ = ["PENDING_TENANT_PAIRS", "SETTLE_AT_PAIRS", "SETTLE_GRANTS_AT_PAIRS", "Tenancy"]
 
 # removed pairs whose shortlists' merges and rewrites wait for a checkpoint (searches filter by
 # the access table, so a run holding revoked records answers rightly meanwhile); bounds the
 # pending map and the stale records a search may read
 SETTLE_AT_PAIRS = 1 << 16
+# granted pairs whose copies wait for a checkpoint (pending_grants), in all; and per tenant:
+# a search of the tenant reads its pending vectors' home copies (a page or two each), so a
+# tenant past this many has its grants settled at once (twice a search's default candidates)
+SETTLE_GRANTS_AT_PAIRS = 1 << 16
+PENDING_TENANT_PAIRS = 2048
 
 
 class Tenancy:
@@ -57,6 +62,7 @@ class Tenancy:
         # node -> depth): the next checkpoint, or once ``SETTLE_AT_PAIRS`` pairs have gathered
         self.unsettled: dict[int, dict[int, int]] = {}
         self.unsettled_pairs = 0
+        self.pending = PendingGrants()
 
     # ----------------------------------------------------------------- reads
     def number(self, name: TenantId) -> int | None:
@@ -79,6 +85,7 @@ class Tenancy:
             + self.shortlists.resident_bytes()
             + directory
             + 64 * len(self.names)
+            + self.pending.resident_bytes()
         )
 
     def stats(self) -> dict[str, int]:
@@ -90,6 +97,7 @@ class Tenancy:
             "tenant_resident_bytes": self.resident_bytes(),
             "tenant_disk_bytes": self.store.disk_bytes(),
             "tenant_disk_used_bytes": self.store.used_bytes(),
+            "pending_grants": self.pending.pairs,
             **self.counters,
         }
 
@@ -105,6 +113,7 @@ class Tenancy:
             **self.table.snapshot(),
             **self.shortlists.snapshot(),
             **self.store.snapshot(),
+            **self.pending.snapshot(),
         }
         return state, arrays
 
@@ -114,6 +123,7 @@ class Tenancy:
         self.table.restore(arrays)
         self.shortlists.restore(arrays["shortlists"], self.tree.parent)
         self.store.restore(arrays, int(state["next_pid"]), int(state["home_pid"]))
+        self.pending.restore(arrays)
         used = {e.pid for e in self.shortlists.entries()}
         used.update((self.table.loc.astype(np.int64) >> POSITION_BITS).tolist())
         if self.store.home_pid >= 0:
@@ -143,67 +153,55 @@ class Tenancy:
             self.shortlists.compact(tenant)
         self.counters["grants"] += len(numbers)
 
-    async def read_for_grant(self, ids: np.ndarray, name: TenantId) -> Fetched:
-        """The home copies a grant of ``ids`` to ``name`` will copy, read (one submission)
-        while its log record is written: a read changes nothing, so it need not wait."""
-        tenant = self.names.number(name)
-        found, locations, _ = self.table.lookup(ids)
-        if tenant is not None:
-            found &= ~self.table.member(ids, np.full(len(ids), tenant, np.int64))
-        wanted = np.flatnonzero(found)
-        vectors = await self.store.read_home(ids[wanted], locations[wanted])
-        return wanted, locations[wanted], vectors
-
-    async def apply_grant(
-        self, ids: np.ndarray, name: TenantId, fetched: Fetched | None = None
-    ) -> int:
-        """``fetched``: ``read_for_grant`` of the same call, under the same hold of the
-        update lock (so every pair this adds was read there)."""
+    async def apply_grant(self, ids: np.ndarray, name: TenantId) -> int:
+        """Add the pairs to the access table and to the pending grants: the copies into the
+        tenant's shortlists wait for ``settle_pending`` (or a bound: ``PENDING_TENANT_PAIRS``,
+        ``SETTLE_GRANTS_AT_PAIRS``); searches score pending pairs from their home copies."""
         tenant = self.names.number_or_new(name)
-        _, locations, leaves = self.table.lookup(ids)
         new = self.table.add_pairs(ids, tenant)
         if not new.any():
             return 0
-        rows = np.flatnonzero(new)
-        ids, locations, leaves = ids[rows], locations[rows], leaves[rows]
-        if fetched is not None:
-            at = np.searchsorted(fetched[0], rows)
-            if not (fetched[1][at] == locations).all():  # the caller broke the contract
-                raise AssertionError("home copies read for another state of the table")
-            vectors = fetched[2][at]
-        else:
-            vectors = await self.store.read_home(ids, locations)
-        await place(self, tenant, ids, leaves, locations, vectors)
-        self.shortlists.compact(tenant)
-        self.counters["grants"] += len(ids)
-        return len(ids)
+        granted = ids[new]
+        self.pending.add(tenant, granted)
+        self.counters["grants"] += len(granted)
+        if self.pending.pairs >= SETTLE_GRANTS_AT_PAIRS:
+            await self.settle_grants(self.pending.tenants())
+        elif self.pending.count(tenant) > PENDING_TENANT_PAIRS:
+            await self.settle_grants([tenant])
+        return len(granted)
 
     async def apply_revoke(self, ids: np.ndarray, name: TenantId) -> int:
         tenant = self.names.number(name)
         if tenant is None:
             return 0
         removed, leaves = self.table.remove_pairs(ids, tenant)
-        gone = leaves[removed].tolist()
-        await self._settle_removed(tenant, gone)
-        self.counters["revokes"] += len(gone)
-        return len(gone)
+        rows = np.flatnonzero(removed)
+        if tenant in self.pending and len(rows):  # pending pairs are in no shortlist yet
+            rows = rows[~self.pending.remove(tenant, ids[rows])]
+        await self._settle_removed(tenant, leaves[rows].tolist())
+        self.counters["revokes"] += int(removed.sum())
+        return int(removed.sum())
 
     async def apply_delete(self, ids: np.ndarray) -> None:
         """Forget deleted ids, and every grant they had."""
-        lost: dict[int, list[int]] = {}
+        lost: dict[int, list[tuple[int, int]]] = {}
         for vid in ids.tolist():
             entry = self.table.remove(vid)
             if entry is not None:
                 for tenant in entry.tenants:
-                    lost.setdefault(tenant, []).append(entry.leaf)
-        for tenant, leaves in lost.items():
-            await self._settle_removed(tenant, leaves)
+                    lost.setdefault(tenant, []).append((vid, entry.leaf))
+        for tenant, pairs in lost.items():
+            if tenant in self.pending:
+                was = self.pending.remove(tenant, np.array([v for v, _ in pairs], np.int64))
+                pairs = [p for p, pending in zip(pairs, was.tolist(), strict=True) if not pending]
+            await self._settle_removed(tenant, [leaf for _, leaf in pairs])
 
     async def apply_delete_tenant(self, name: TenantId) -> int:
         tenant = self.names.number(name)
         if tenant is None:
             return 0
         self.unsettled.pop(tenant, None)
+        self.pending.pop(tenant)
         for entry in self.shortlists.pop(tenant):
             self.store.release(entry.pid)
         return self.table.remove_tenant(tenant)
@@ -223,18 +221,42 @@ class Tenancy:
                 touched[node] = int(self.tree.depth[node])
         if not touched:
             del self.unsettled[tenant]
+        if not leaves:
+            return
         self.unsettled_pairs += len(leaves)
         if self.unsettled_pairs >= SETTLE_AT_PAIRS:
             await self.settle_pending()
 
     async def settle_pending(self) -> None:
-        """Merge, drop and rewrite the shortlists that lost pairs since the last call, deepest
-        first per tenant (under the update lock: before every checkpoint)."""
+        """Copy the pending grants into their shortlists, then merge, drop and rewrite the
+        shortlists that lost pairs since the last call, deepest first per tenant (under the
+        update lock: before every checkpoint). Grants first: a revoked pair granted again is
+        pending while its old record may still sit in a run; placed first, it is counted
+        once (the rewrite after it keeps one record of an id)."""
+        await self.settle_grants(self.pending.tenants())
         pending, self.unsettled, self.unsettled_pairs = self.unsettled, {}, 0
         for tenant, touched in pending.items():
             for node in sorted(touched, key=touched.__getitem__, reverse=True):
                 await settle(self, tenant, node)
             self.shortlists.compact(tenant)
+
+    async def settle_grants(self, tenants: list[int]) -> None:
+        """Copy ``tenants``' pending pairs into their shortlists: one read of their home
+        copies a tenant (in file order), then ``place``. A pair leaves the pending set only
+        once placed, so a search meanwhile finds it in one or the other (or both: a search
+        keeps one result an id)."""
+        for tenant in tenants:
+            ids = self.pending.ids(tenant)
+            if not len(ids):
+                continue
+            ids = ids[self.table.member(ids, np.full(len(ids), tenant, np.int64))]
+            _, locations, leaves = self.table.lookup(ids)
+            order = np.argsort(locations, kind="stable")
+            ids, locations, leaves = ids[order], locations[order], leaves[order]
+            vectors = await self.store.read_home(ids, locations)
+            await place(self, tenant, ids, leaves, locations, vectors)
+            self.shortlists.compact(tenant)
+            self.pending.pop(tenant)
 
     def _numbers(self, rows: TenantRows) -> np.ndarray:
         _, refs, names = rows
@@ -266,6 +288,7 @@ class Tenancy:
         self.store.home_pid = -1
         self.shortlists = TenantShortlists()
         self.unsettled, self.unsettled_pairs = {}, 0
+        self.pending.clear()  # the table holds every pair: all placed again below
         new_lengths = np.diff(indptr)
         all_ids = np.concatenate([old_ids, ids])
         all_vectors = np.concatenate([old_vectors, stored])

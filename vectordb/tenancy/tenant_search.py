@@ -12,11 +12,17 @@ the batch is then checked against the access table, in one pass, *after* the rea
 pairs the query's tenant holds at that moment, at the vector's current location, each id once;
 so a grant or revoke racing the search is never answered wrongly, whatever the runs hold.
 
+Pending grants (pending_grants: acknowledged, not yet copied into shortlists) of a query's
+tenant are scored from their home copies, read in the same go as the shortlists; the pending
+ids are taken with the shortlists, before any await, so every pair acknowledged when the
+search started is in one or the other (a pair being settled may be in both: one result an id).
+
 Concurrency: runs beside other searches and one updater on the loop thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from typing import TYPE_CHECKING
 
@@ -40,10 +46,15 @@ async def tenant_search(
     budget = DEFAULT_CANDIDATES if candidates is None else candidates
     chosen = [_choose(tenancy, q, int(t), budget) for q, t in zip(prepared, tenants, strict=True)]
     chosen = [_written(tenancy, c) for c in chosen]
+    pending = _pending(tenancy, tenants)  # with ``chosen``: no await between them
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
-    views = await tenancy.store.read_views(union) if len(union) else []
+    views, records = await _read(tenancy, union, pending)
     parts = [[views[i] for i in np.searchsorted(union, p).tolist()] for p in chosen]
+    for tenant, pending_ids in pending.items():
+        theirs = records[np.isin(records["id"], pending_ids, assume_unique=True)]
+        for q in np.flatnonzero(tenants == tenant).tolist():
+            parts[q].append(theirs)
     # one access check for every record of every query (after the reads landed)
     lengths = [sum(len(v) for v in mine) for mine in parts]
     bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
@@ -63,6 +74,35 @@ async def tenant_search(
         found, found_ids, found_dist = _score(tenancy, prepared[q], mine, keep, k)
         ids[q, :found], dist[q, :found] = found_ids, found_dist
     return ids, dist
+
+
+def _pending(tenancy: Tenancy, tenants: np.ndarray) -> dict[int, np.ndarray]:
+    """Pending granted ids of each of the batch's tenants that has some."""
+    if not tenancy.pending:
+        return {}
+    out = {t: tenancy.pending.ids(t) for t in np.unique(tenants).tolist() if t >= 0}
+    return {t: ids for t, ids in out.items() if len(ids)}
+
+
+async def _read(
+    tenancy: Tenancy, pids: np.ndarray, pending: dict[int, np.ndarray]
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """(a view of each shortlist run of ``pids``, the home records of the pending ids), read
+    at once; a home record that holds another id than the one asked for is dropped."""
+    store = tenancy.store
+    views = store.start_views(pids) if len(pids) else None  # now: see start_views
+    records = np.zeros(0, store.lists.dtype)
+    if pending:
+        wanted = np.unique(np.concatenate(list(pending.values())))
+        held, locations, _ = tenancy.table.lookup(wanted)
+        wanted, locations = wanted[held], locations[held]
+        home = store.read_home_records(wanted, locations)  # home copies stay where they are
+        if views is None:
+            records = await home
+            return [], records[records["id"] == wanted]
+        landed, records = await asyncio.gather(views, home)
+        return landed, records[records["id"] == wanted]
+    return (await views if views is not None else []), records
 
 
 def _written(tenancy: Tenancy, pids: list[int]) -> list[int]:

@@ -4,8 +4,9 @@ One PostingStore (posting_format records, checked, copy-on-write, tail-page appe
 own file holds two kinds of lists, numbered from one counter:
 
 - **home blocks**: every vector of a tenancy index once, in arrival order, ``home_records``
-  a block (about 256 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant
-  reads the vector from here (the page or two holding it, all in one submission).
+  a block (about 256 KiB). A vector's *location* is ``pid << 12 | position`` in its block. A grant's
+  settling reads the vector from here (the page or two holding it, all in one submission),
+  and so does a search of a tenant with pending grants.
 - **shortlists**: a copy of each vector of one (tenant, tree node) shortlist, back to back, so
   that a small tenant's search reads one run. A record's ``version`` field holds the low 32 bits
   of the vector's location: a copy of an earlier incarnation of a deleted and re-inserted id
@@ -21,6 +22,7 @@ Concurrency: loop thread only; updates run under the index's update lock.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from contextlib import aclosing
 
 import numpy as np
@@ -92,9 +94,21 @@ class TenantStore:
     async def read_home(self, ids: np.ndarray, locations: np.ndarray) -> np.ndarray:
         """The stored vectors of ``ids`` at ``locations``: only the page or two holding each
         record is read (all in one submission), and every record is checked."""
+        records = await self.read_home_records(ids, locations)
+        wrong = records["id"] != ids
+        if wrong.any():
+            raise CorruptionError(
+                f"home copy of id {int(ids[wrong][0])} holds id {int(records['id'][wrong][0])}"
+            )
+        return records["vector"]
+
+    async def read_home_records(self, ids: np.ndarray, locations: np.ndarray) -> np.ndarray:
+        """The records (id, version, vector) at the home ``locations`` of ``ids``, checked
+        (posting_format), in one submission; a search's read of pending grants, which
+        drops a record whose id is not the one asked for (its caller checks access anyway)."""
         lists = self.lists
         if not len(ids):
-            return np.zeros((0, *lists.dtype["vector"].shape), lists.dtype["vector"].base)
+            return np.zeros(0, lists.dtype)
         locations = np.asarray(locations, np.int64)
         pids = locations >> POSITION_BITS
         at = lists.start[pids] * PAGE_BYTES + (locations & _POSITION_MASK) * lists.rec_bytes
@@ -110,14 +124,8 @@ class TenantStore:
         # index array an eighth the size: a byte gather took most of a grant's time)
         words = (buffer_pages[:-1] * PAGE_BYTES + at % PAGE_BYTES) // 8
         raw = buffer.view(np.uint64)[words[:, None] + np.arange(lists.rec_bytes // 8)]
-        records = decode(raw.view(np.uint8).reshape(-1), len(ids), lists.dtype, pids)
-        wrong = records["id"] != ids
-        if wrong.any():
-            raise CorruptionError(
-                f"home copy of id {int(ids[wrong][0])} holds id {int(records['id'][wrong][0])}"
-            )
         lists.counters["pages_read"] += int(buffer_pages[-1])
-        return records["vector"]
+        return decode(raw.view(np.uint8).reshape(-1), len(ids), lists.dtype, pids)
 
     # ----------------------------------------------------------------- shortlists
     async def read(self, pids: np.ndarray) -> PostingBatch:
@@ -126,11 +134,21 @@ class TenantStore:
     async def read_views(self, pids: np.ndarray) -> list[np.ndarray]:
         """Each list's records, verified, as views into one read's buffer (one submission;
         a search's read: nothing is copied, unlike ``read``)."""
+        return await self.start_views(pids)
+
+    def start_views(self, pids: np.ndarray) -> Awaitable[list[np.ndarray]]:
+        """``read_views``, the run directory taken and the read submitted now, not when the
+        caller next yields: a run freed and its number reused meanwhile (a split, a merge)
+        must not be read under the old number."""
         read = self.lists.begin_read(np.asarray(pids, np.int64))
-        async with aclosing(read.groups()) as groups:
-            async for _ in groups:
-                pass
-        return read.views(0, len(pids))
+
+        async def landed() -> list[np.ndarray]:
+            async with aclosing(read.groups()) as groups:
+                async for _ in groups:
+                    pass
+            return read.views(0, len(pids))
+
+        return landed()
 
     async def write(self, items: list[PostingItem]) -> None:
         await self.lists.write(items)
