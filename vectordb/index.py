@@ -34,6 +34,7 @@ from tiers.io import (
     cap_heap_retention,
     default_env,
     default_runtime,
+    trim_heap,
 )
 from tiers.storage import lock_directory, unlock_directory
 from vectordb import dot_kernel, head_scan
@@ -84,6 +85,8 @@ class SpannIndex:
         self.gatherer: SearchGatherer | None = None  # made by the first small search
         self.tenant_gatherer: SearchGatherer | None = None  # ... and tenant search
         self.memory = MemoryBudget(None)  # replaced by create/open with the caller's budget
+        # lists a query reads by default, as last measured on the index (probe_rule.py)
+        self.measured_postings = default_postings(0)
         self.checkpointed_lsn = -1  # the log position the last checkpoint holds everything to
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
@@ -229,10 +232,15 @@ class SpannIndex:
             await self._release()
 
     async def fit_memory(self) -> None:
-        """Split the memory budget again (after the heads changed: build, reopen, checkpoint)."""
+        """Split the memory budget again and measure the default list count (after the heads
+        changed: build, reopen, checkpoint)."""
+        from vectordb.probe_rule import measure_postings
         from vectordb.search import READ_BUFFER_BYTES
 
         await self.memory.apply(self, READ_BUFFER_BYTES)
+        self.measured_postings = await measure_postings(self)
+        if self.memory.budget_bytes is not None:
+            trim_heap()  # the measure's reads and distances: only while it ran
 
     def _changed_since_checkpoint(self) -> bool:
         """Whether anything was logged, or runs wait to be freed, since the last checkpoint
@@ -255,6 +263,8 @@ class SpannIndex:
         if self._lock_fd >= 0:
             unlock_directory(self._lock_fd, self.engine.env)
             self._lock_fd = -1
+        if self.memory.budget_bytes is not None:
+            trim_heap()  # what it held goes back to the OS, not to a heap a reopening grows
 
     async def __aenter__(self) -> SpannIndex:
         return self
@@ -405,8 +415,12 @@ class SpannIndex:
         return {
             "n_vectors": n_vectors,
             "n_heads": self.navigator.n_heads,
-            "default_max_postings": default_postings(self.navigator.n_heads),
+            "default_max_postings": self.default_max_postings,
+            "default_max_postings_floor": default_postings(self.navigator.n_heads),
             "resident_bytes": resident,
+            # the heads and the structure that finds a query's nearest (counted in the budget)
+            "navigator_bytes": self.navigator.resident_bytes(),
+            "navigator_layout": self.navigator.layout,
             "raw_vector_bytes": raw,
             "resident_fraction": resident / raw if raw else 0.0,
             **self.counters,
@@ -417,6 +431,13 @@ class SpannIndex:
             "gathered_queries": sum(g.gathered_queries for g in self._gatherers()),
             **(self.tenancy.stats() if self.tenancy is not None else {}),
         }
+
+    @property
+    def default_max_postings(self) -> int:
+        """Lists a query reads when ``SearchParams.max_postings`` is None: as measured at the
+        last build, open or checkpoint (probe_rule.py), never under the sqrt rule for the heads
+        there are now (heads added since by splits)."""
+        return max(self.measured_postings, default_postings(self.navigator.n_heads))
 
     def _gatherers(self) -> list[SearchGatherer]:
         return [g for g in (self.gatherer, self.tenant_gatherer) if g is not None]

@@ -4,10 +4,12 @@ An exact scan while there are few heads: one BLAS matrix product per query chunk
 faster than faiss's flat index on this machine), or, for larger head sets on CPUs with native
 bfloat16 products, a bfloat16 product that bounds the distances plus exact distances for the few
 heads the bounds leave in doubt (head_scan.py: the same answer, 4-10x less CPU); faiss HNSW
-(M=32) above ``HNSW_ABOVE`` heads. Heads are added when a posting list splits and removed
-when one splits or merges away; the flat scan fills the hole with its last head; HNSW cannot
-drop entries cheaply, so there a removed head is only marked dead (searches ask for a few
-more results and skip it) and the graph is rebuilt once a tenth of it is dead.
+(M=32) above ``HNSW_ABOVE`` heads -- over SQ8 codes with an exact re-rank on float16 heads when
+the heads are held in float16 (a tight budget: compact_hnsw.py). Heads are added when a posting
+list splits and removed when one splits or merges away; the flat scan fills the hole with its
+last head; HNSW cannot drop entries cheaply, so there a removed head is only marked dead
+(searches ask for a few more results and skip it) and the graph is rebuilt once a tenth of it
+is dead.
 
 Distances are the index's internal ones (metric.py): smaller is nearer.
 Concurrency: ``search`` may run on the loop and scoring threads at once (search.py); heads
@@ -20,6 +22,7 @@ import faiss
 import numpy as np
 
 from vectordb import head_scan
+from vectordb.compact_hnsw import CompactHnsw
 from vectordb.metric import Metric
 from vectordb.widen import widen_float16
 
@@ -43,7 +46,8 @@ class Navigator:
         self.dim = dim
         self.metric = metric
         self.kind = kind
-        self._index: faiss.Index | None = self._new_index(0)
+        self._half = False  # heads held in float16 (a tight budget: load_checkpoint's take)
+        self._index: faiss.Index | CompactHnsw | None = self._new_index(0)
         self._flat = np.zeros((0, dim), np.float32)  # flat mode: head vectors by position
         self._flat_norms = np.zeros(0, np.float32)
         self._n_flat = 0
@@ -64,11 +68,13 @@ class Navigator:
     def n_heads(self) -> int:
         return self._n_heads
 
-    def _new_index(self, expected: int) -> faiss.Index | None:
-        """An HNSW index, or None for the numpy flat scan."""
+    def _new_index(self, expected: int) -> faiss.Index | CompactHnsw | None:
+        """An HNSW index (compact over float16 heads), or None for the numpy flat scan."""
         hnsw = self.kind == "hnsw" or (self.kind == "auto" and expected > HNSW_ABOVE)
         if not hnsw:
             return None
+        if self._half:
+            return CompactHnsw(self.dim, self.metric)
         index = faiss.IndexHNSWFlat(self.dim, _HNSW_M, self.metric.faiss_metric)
         index.hnsw.efConstruction = 64
         return index
@@ -154,20 +160,25 @@ class Navigator:
         checkpoint being loaded), when it has no heads yet."""
         if len(pids) == 0:
             return
+        if take and vectors.dtype == np.float16 and self._n_heads == 0 and not self._half:
+            self._half = True  # from now on every head is held in float16
+            self._flat = np.zeros((0, self.dim), np.float16)
+            if self._index is not None:
+                self._index = self._new_index(len(pids))
         if self._index is None and self.kind == "auto" and self._ntotal + len(pids) > HNSW_ABOVE:
-            self._rebuild(extra=(np.asarray(vectors, np.float32), np.asarray(pids, np.int64)))
+            self._rebuild(extra=(vectors, np.asarray(pids, np.int64)), take=take)
             return
         start = self._ntotal
-        if not (take and vectors.dtype == np.float16 and self._index is None):
-            vectors = np.ascontiguousarray(vectors, np.float32)
-        if self._index is None and take and self._n_flat == 0 and vectors.flags.writeable:
+        if isinstance(self._index, CompactHnsw):
+            self._index.add(vectors, take=take)  # float16 kept, fed to faiss piece by piece
+        elif self._index is not None:
+            self._index.add(np.ascontiguousarray(vectors, np.float32))
+        elif take and self._n_flat == 0 and vectors.flags.writeable and self._takes(vectors):
             self._flat, self._n_flat = vectors, len(vectors)  # no second copy of every head
             self._flat_norms = _squared_norms(vectors)
             self._bfloat = None
-        elif self._index is None:
-            self._add_flat(vectors)
         else:
-            self._index.add(vectors)
+            self._add_flat(np.asarray(vectors, self._flat.dtype))
         self._pos_pid = np.concatenate([self._pos_pid, np.asarray(pids, np.int64)])
         pids = np.asarray(pids, np.int64)
         if pids.max() >= len(self._pid_pos):
@@ -176,6 +187,10 @@ class Navigator:
             self._pid_pos = grown
         self._pid_pos[pids] = start + np.arange(len(pids))
         self._n_heads += len(pids)
+
+    def _takes(self, vectors: np.ndarray) -> bool:
+        wanted = np.float16 if self._half else np.float32
+        return vectors.dtype == wanted and vectors.flags.c_contiguous
 
     def remove(self, pids: list[int]) -> None:
         """Drop heads. Raises KeyError (changing nothing) for a pid that is not a head."""
@@ -227,6 +242,16 @@ class Navigator:
             return self._flat[positions].astype(np.float32, copy=False)
         return self._index.reconstruct_batch(positions)
 
+    def _live(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pids, vectors) of every live head, float16 when the heads are held so."""
+        pids = np.flatnonzero(self._pid_pos >= 0)
+        positions = self._positions(pids)
+        if self._index is None:
+            return pids, self._flat[positions]
+        if isinstance(self._index, CompactHnsw):
+            return pids, self._index.rows(positions)
+        return pids, self._index.reconstruct_batch(positions)
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(pids int64 [Q, k'] padded with -1, internal distances float32 [Q, k']), nearest
         first; k' = min(k, heads)."""
@@ -240,6 +265,10 @@ class Navigator:
         if self._index is None:
             want = min(self._ntotal, k)
             dist, pos = self._search_flat_pieces(queries, want)
+        elif isinstance(self._index, CompactHnsw):
+            want = min(self._ntotal, k + self._dead)
+            self._index.widen_rows = self.widen_heads  # the budget's bound on widened heads
+            dist, pos = self._index.search(queries, want)
         else:
             want = min(self._ntotal, k + self._dead)
             self._index.hnsw.efSearch = max(2 * want, 64)  # type: ignore[attr-defined]
@@ -261,24 +290,31 @@ class Navigator:
         pids = np.flatnonzero(self._pid_pos >= 0)
         return pids, self.vectors_of(pids)
 
-    def _rebuild(self, extra: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Rebuild from the live heads (plus ``extra`` (vectors, pids)); picks flat or HNSW
-        for the new size."""
-        pids, vectors = self.snapshot()
-        if extra is not None:
-            vectors = np.concatenate([vectors, extra[0]])
+    def _rebuild(
+        self, extra: tuple[np.ndarray, np.ndarray] | None = None, take: bool = False
+    ) -> None:
+        """Rebuild from the live heads (plus ``extra`` (vectors, pids); ``take``: as add's,
+        for ``extra`` when there are no live heads); picks flat or HNSW for the new size.
+        Heads held in float16 stay so: never a float32 copy of them all."""
+        pids, vectors = self._live()
+        if extra is not None and len(pids):
+            vectors = np.concatenate([vectors, extra[0].astype(vectors.dtype, copy=False)])
             pids = np.concatenate([pids, extra[1]])
+        elif extra is not None:  # nothing held yet: no copy of what is added
+            vectors, pids = extra
+        else:
+            take = False
         self._index = self._new_index(len(pids))
         self._bfloat = None
-        if self._index is not None:  # now HNSW: the flat copy goes
-            self._flat = np.zeros((0, self.dim), np.float32)
+        if self._index is not None or self._n_heads == 0:  # now HNSW: the flat copy goes
+            self._flat = np.zeros((0, self.dim), np.float16 if self._half else np.float32)
             self._flat_norms = np.zeros(0, np.float32)
         self._n_flat = 0
         self._pos_pid = np.zeros(0, np.int64)
         self._pid_pos = np.zeros(0, np.int64)
         self._n_heads = 0
         self._dead = 0
-        self.add(vectors, pids)
+        self.add(vectors, pids, take=take)
 
     def bfloat16_bytes(self) -> int:
         """What the bfloat16 copy of the heads takes (or would take, once made)."""
@@ -287,9 +323,17 @@ class Navigator:
         return len(self._flat) * (2 * self.dim + 12) if self._index is None else 0
 
     @property
+    def layout(self) -> str:
+        """How the heads are held: "flat" / "hnsw" (float32), "flat-float16", "hnsw-sq8"."""
+        kind = "flat" if self._index is None else "hnsw"
+        if self._half:
+            return "hnsw-sq8" if kind == "hnsw" else "flat-float16"
+        return kind
+
+    @property
     def compact(self) -> bool:
         """Whether the heads are held in float16 (a tight memory budget: load_checkpoint)."""
-        return self._flat.dtype == np.float16
+        return self._half
 
     def drop_bfloat16(self) -> None:
         """Scan in float32 from now on and free the bfloat16 copy (a tight budget)."""
@@ -302,6 +346,8 @@ class Navigator:
             # the bfloat16 copy counts whenever the scan uses it, made yet or not
             rounded = self.bfloat16_bytes() if self._uses_bfloat16() else 0
             return self._flat.nbytes + self._flat_norms.nbytes + rounded + bookkeeping
+        if isinstance(self._index, CompactHnsw):
+            return self._index.nbytes + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping
 

@@ -2,8 +2,8 @@
 
 For a batch of queries:
 
-1. the navigator gives each query its ``max_postings`` nearest heads (config.default_postings
-   when not set: it grows with the number of heads; a large batch split over
+1. the navigator gives each query its ``max_postings`` nearest heads (when not set, the
+   index's default: measured on its own vectors, probe_rule.py; a large batch split over
    the loop and scoring threads; numpy's BLAS held to one thread meanwhile: tiers.io.cpu_threads);
 2. a head farther than ``prune_ratio`` x the nearest head's distance (squared L2; for cosine
    computed from the similarity; not applied to raw inner product) is skipped;
@@ -52,7 +52,7 @@ import numpy as np
 from tiers.io import single_threaded_blas
 from vectordb.batch_reads import BatchReads
 from vectordb.chunk_plan import locality_order, query_chunks
-from vectordb.config import SearchParams, default_postings
+from vectordb.config import SearchParams
 from vectordb.errors import InvalidVectorsError
 from vectordb.gather import Answer, SearchGatherer
 from vectordb.metric import Metric, prepare, to_scores
@@ -163,7 +163,7 @@ async def _search(
     index: SpannIndex, queries: np.ndarray, k: int, params: SearchParams, access: Access | None
 ) -> Answer:
     n_queries = len(queries)
-    want = params.max_postings or default_postings(index.navigator.n_heads)
+    want = params.max_postings or index.default_max_postings
     if params.max_postings is None and n_queries <= SMALL_BATCH_QUERIES:
         # a few queries share few lists, so they lack the boost shared lists give a batch:
         # a quarter more lists each (debian-minilm, one query a call: recall@10 0.919 at 8

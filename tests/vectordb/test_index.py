@@ -136,7 +136,9 @@ def test_the_default_knob_grows_with_the_heads(tmp_path: Path) -> None:
         async with await SpannIndex.create(tmp_path / "i", IndexConfig(dim=8)) as index:
             await index.build(None, vectors)
             stats = index.stats()
+            # a small index (under probe_rule.MIN_HEADS heads) takes the floor unmeasured
             assert stats["default_max_postings"] == default_postings(stats["n_heads"])
+            assert stats["default_max_postings_floor"] == stats["default_max_postings"]
             default = await index.search(queries, k=5)
             explicit = SearchParams(max_postings=stats["default_max_postings"])
             same = await index.search(queries, k=5, params=explicit)
