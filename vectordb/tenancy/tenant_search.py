@@ -33,7 +33,7 @@ from vectordb.metric import distances
 if TYPE_CHECKING:
     from vectordb.tenancy.tenancy import Tenancy
 
-__all__ = ["DEFAULT_CANDIDATES", "tenant_search"]
+__all__ = ["DEFAULT_CANDIDATES", "runs_read", "tenant_search"]
 
 DEFAULT_CANDIDATES = 1024  # vectors a query scores by default (recall vs reads: RESULTS.md)
 
@@ -43,9 +43,7 @@ async def tenant_search(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids [Q, k], internal distances [Q, k]) of ``prepared`` queries (float32,
     metric.prepare) for ``tenants`` (int64 numbers, -1: a tenant with nothing)."""
-    budget = DEFAULT_CANDIDATES if candidates is None else candidates
-    chosen = [_choose(tenancy, q, int(t), budget) for q, t in zip(prepared, tenants, strict=True)]
-    chosen = [_written(tenancy, c) for c in chosen]
+    chosen = runs_read(tenancy, prepared, tenants, candidates)
     pending = _pending(tenancy, tenants)  # with ``chosen``: no await between them
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
@@ -74,6 +72,16 @@ async def tenant_search(
         found, found_ids, found_dist = _score(tenancy, prepared[q], mine, keep, k)
         ids[q, :found], dist[q, :found] = found_ids, found_dist
     return ids, dist
+
+
+def runs_read(
+    tenancy: Tenancy, prepared: np.ndarray, tenants: np.ndarray, candidates: int | None
+) -> list[list[int]]:
+    """The shortlist runs (pids, nearest first) each query's search reads (the tenancy
+    benchmark times reading just these, cold: the floor of a search of these queries)."""
+    budget = DEFAULT_CANDIDATES if candidates is None else candidates
+    pairs = zip(prepared, tenants, strict=True)
+    return [_written(tenancy, _choose(tenancy, q, int(t), budget)) for q, t in pairs]
 
 
 def _pending(tenancy: Tenancy, tenants: np.ndarray) -> dict[int, np.ndarray]:
