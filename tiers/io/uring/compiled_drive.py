@@ -109,7 +109,7 @@ class CompiledDriver:
                 if engine._q_uniform:  # the common case: the loop writes them (see singles)
                     singles_got, yielded = self._call(self._singles_source(), None)
                     if yielded:
-                        engine._schedule_flush()
+                        self._yield(singles_got)
                         return
                 else:
                     engine._fill_singles()
@@ -126,19 +126,35 @@ class CompiledDriver:
                 source = None if entry is None else self._batch_source(entry)
                 got, yielded = self._call(source, entry)
             if yielded:
-                engine._schedule_flush()  # the rest after the callers that can now run
+                self._yield(got)  # the rest after the callers that can now run
                 return
             if got:
                 reaped = True
                 continue
-            if entry is not None or (engine._q_offsets and engine._q_uniform):
-                continue  # the last rows went in, or singles wait for slots: on to the next
+            singles_wait = bool(engine._q_offsets) and engine._q_uniform
+            if (entry is not None or singles_wait) and (engine._pending or singles_wait):
+                continue  # rows or singles wait for slots, or another batch: on to the next
+            # a call that submitted and reaped nothing needs no second look: its enter ran the
+            # deferred completions, and any later one signals the eventfd
             if not reaped:
                 return
             # Quiet now: clear the eventfd, then look once more (see the Python path).
             with contextlib.suppress(BlockingIOError):
                 os.eventfd_read(engine._eventfd)
             reaped = False
+
+    def _yield(self, reaped: bool) -> None:
+        """Go back to the event loop; the flush scheduled here goes on after the callers run.
+
+        A call that reaped posted CQEs, which signalled the eventfd: cleared here, or the next
+        loop pass would wake ``_on_wakeup`` for two calls that find nothing. A completion whose
+        signal this clear consumed is reaped by the flush's first call (every drive enters the
+        kernel at least once); one that comes later signals the eventfd again.
+        """
+        if reaped:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self.engine._eventfd)
+        self.engine._schedule_flush()
 
     @staticmethod
     def _batch_source(entry: list[Any]) -> tuple[Any, ...]:
