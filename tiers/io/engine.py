@@ -78,6 +78,9 @@ class IOEngine(abc.ABC):
 
     name: str = "abstract"
     supports_direct_io: bool = True
+    # single read_into/write_from calls of one loop pass share a submission, and each settles
+    # on its own completion (UringEngine): callers may issue singles instead of batching
+    gathers_singles: bool = False
 
     def __init__(self, queue_depth: int = 128, env: Env | None = None) -> None:
         if queue_depth <= 0:

@@ -76,6 +76,9 @@ from tiers.storage.tier import Tier
 
 __all__ = ["NvmeTier"]
 
+# "0": every single get is gathered (tiers.nvme.reads), bare records too; read at each start
+SINGLE_GETS_ENV = "TIERKIT_NVME_SINGLE_GETS"
+
 
 class NvmeTier(NvmeReads, NvmeWrites, Tier):
     """The NVMe tier. Use ``await NvmeTier.open(...)`` (or construct, then ``await start()``).
@@ -174,6 +177,9 @@ class NvmeTier(NvmeReads, NvmeWrites, Tier):
             env = engine.env
             self._lock_fd = lock_directory(self.directory, env)
             self._records = RecordIO(engine, runtime.buffers, runtime.run_cpu)
+            self._singles_engine = engine.gathers_singles and (
+                os.environ.get(SINGLE_GETS_ENV, "1") != "0"
+            )
             self._syncs = GroupSync(engine)
             self._catalog = Catalog(catalog_path)
             await self._catalog.open()

@@ -1,13 +1,17 @@
 """NvmeReads: the get and get_many half of NvmeTier, with concurrent gets gathered.
 
-``get_many`` is tiers.nvme.many_reads' (a batch, one submission). A single ``get`` joins the
-gets of the same loop iteration: the first one queues a gathering task, the others (from any
-task) add themselves, and the task reads all of them with one ``read_many``, so N tasks each
-awaiting one get cost one submission, one staging buffer and one wake-up, not N of each (a lone
-get pays one extra task step, ~5 us). Each gathered get still gets its own outcome: a key that
-is absent reads None, a bad destination or range raises InvalidArgumentError for that get alone,
-and when the shared read fails (a damaged record, a failed request) every get of it is read
-again on its own, so the error reaches only the gets whose records it concerns.
+``get_many`` is tiers.nvme.many_reads' (a batch, one submission). A single ``get`` of a whole
+bare record (no byte range, no header, no chunks) on an engine that gathers single requests
+itself (``IOEngine.gathers_singles``: io_uring) is that engine's own single read
+(tiers.nvme.single_reads): the gets of one loop pass still share a submission, and each resumes
+when its own read lands. Any other single ``get`` joins the gets of the same loop iteration:
+the first one queues a gathering task, the others (from any task) add themselves, and the task
+reads all of them with one ``read_many``, so N tasks each awaiting one get cost one submission,
+one staging buffer and one wake-up, not N of each (a lone get pays one extra task step, ~5 us).
+Each gathered get still gets its own outcome: a key that is absent reads None, a bad
+destination or range raises InvalidArgumentError for that get alone, and when the shared read
+fails (a damaged record, a failed request) every get of it is read again on its own, so the
+error reaches only the gets whose records it concerns.
 
 A get reads the extent named by the catalog when its read is planned and pins it, so an
 overwrite or delete that commits meanwhile defers freeing it until the read ends: a get returns
@@ -28,11 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tiers.io.errors import CorruptionError, EngineClosedError
-from tiers.nvme.catalog import Catalog
+from tiers.nvme.catalog import Catalog, CatalogEntry
 from tiers.nvme.chunks import window
 from tiers.nvme.format import is_bare, key_hash
 from tiers.nvme.many_reads import ManyReads
 from tiers.nvme.records import RecordIO, RecordRead, writable_view
+from tiers.nvme.single_reads import read_bare
 from tiers.nvme.space import ExtentSpace
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.tier import ByteRange, check_key, resolve_range
@@ -54,6 +59,7 @@ class NvmeReads(ManyReads):
     _damaged: set[str]
     _bare_from: int
     _state: str
+    _singles_engine = False  # the engine gathers single reads itself: bare gets go straight
     _gathered: list[_Pending] | None = None  # gets waiting for the gathering task
     _gathering: asyncio.Future[None] | None = None  # that task (a reference keeps it alive)
 
@@ -65,7 +71,17 @@ class NvmeReads(ManyReads):
         self, key: str, *, into: Any = None, byte_range: ByteRange | None = None
     ) -> Any | None:
         check_key(key)
-        self._open_catalog()
+        catalog = self._open_catalog()
+        if byte_range is None and self._singles_engine:
+            entry = catalog.entries.get(key)
+            if (
+                entry is not None
+                and not entry.chunks
+                and entry.version >= self._bare_from
+                and is_bare(entry.size_bytes)
+                and key not in self._damaged
+            ):
+                return await self._get_bare(entry, into)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self._gathered is None:
             self._gathered = []
@@ -73,6 +89,31 @@ class NvmeReads(ManyReads):
             self._gathering = asyncio.ensure_future(self._serve_gathered())
         self._gathered.append((key, into, byte_range, future))
         return await future
+
+    async def _get_bare(self, entry: CatalogEntry, into: Any) -> Any:
+        """A whole bare record as one engine single read (tiers.nvme.single_reads)."""
+        counters = self.counters
+        counters["gets"] += 1  # as a gathered get counts it: before its checks
+        size = entry.size_bytes
+        out = None if into is None else writable_view(into, size)  # before any I/O
+        space, records = self._space, self._records
+        file = None if space is None else space.files.get(entry.file_index)
+        if space is None or file is None or records is None:
+            raise EngineClosedError(f"tier {self.name!r} is {self._state}, not open")
+        address = space.address_of(entry.file_index, entry.offset_bytes)
+        space.pin(address)  # no await since the catalog named it: the extent is still its
+        ops = self._ops
+        ops.enter()
+        try:
+            got = await read_bare(records, file, entry.offset_bytes, size, entry.crc32, out)
+        except CorruptionError:
+            counters["corruptions"] += 1
+            raise
+        finally:
+            ops.leave()
+            space.unpin(address)
+        counters["hits"] += 1
+        return into if into is not None else got
 
     # ----------------------------------------------------------------- gathering
     async def _serve_gathered(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,9 @@ _char_over: Any = ctypes.c_char.from_buffer  # raises unless writable and C-cont
 _NO_STAGE = np.empty(0, np.uint8)
 _ARRAYS = {np.ndarray}
 _loops: list[Any] = []  # [(plan_whole, check_rows)] or [None], once per process
+# "0": every batch takes the general planner (read per call: an in-process A/B flips it)
+DISABLE_ENV = "TIERKIT_GET_MANY_COMPILED"
+_environ = os.environ
 
 
 def _compiled() -> Any:
@@ -83,7 +87,7 @@ async def read_whole(
     """
     loops = _loops[0] if _loops else _compiled()
     m = len(rows)
-    if loops is None or not set(map(type, outs)) <= _ARRAYS:
+    if loops is None or not set(map(type, outs)) <= _ARRAYS or _environ.get(DISABLE_ENV) == "0":
         return None  # other buffers (a bytearray, a tensor): the general planner's checks
     try:  # the addresses, and with them that each is a writable C-contiguous buffer
         dest_addresses = np.fromiter(map(_address_of, map(_char_over, outs)), np.int64, m)

@@ -62,6 +62,7 @@ class UringEngine(CompletionMixin):
     """io_uring engine. Raises EngineUnavailableError where the kernel refuses io_uring."""
 
     name = "uring"
+    gathers_singles = True
 
     def __init__(
         self, queue_depth: int = 128, env: Env | None = None, max_files: int = 1024
