@@ -1,7 +1,6 @@
 """Navigator: the in-memory head vectors and the index that finds a query's nearest heads.
 
-An exact scan while there are few heads: one BLAS matrix product per query chunk in numpy (3x
-faster than faiss's flat index on this machine), or, for larger head sets on CPUs with native
+An exact scan while there are few heads (flat_scan.py), or, for larger head sets on CPUs with native
 bfloat16 products, a bfloat16 product that bounds the distances plus exact distances for the few
 heads the bounds leave in doubt (head_scan.py: the same answer, 4-10x less CPU); faiss HNSW
 (M=32) above ``HNSW_ABOVE`` heads -- over SQ8 codes with an exact re-rank on float16 heads when
@@ -18,13 +17,14 @@ change only while no search runs. faiss calls release the GIL and use its own Op
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import faiss
 import numpy as np
 
-from vectordb import head_scan
+from vectordb import flat_scan, head_scan
 from vectordb.compact_hnsw import CompactHnsw
 from vectordb.metric import Metric
-from vectordb.widen import widen_float16
 
 __all__ = ["BFLOAT16_FROM_CELLS", "HNSW_ABOVE", "Navigator"]
 
@@ -36,8 +36,6 @@ BFLOAT16_FROM_CELLS = 1 << 20
 # torch's bfloat16 kernel gains nothing and its setup and the exact second pass cost: measured
 # on debian-minilm's 5,051 heads, one query: 562 us bfloat16 against ~290 us float32 BLAS
 BFLOAT16_FROM_QUERIES = 8
-_WIDEN_HEADS = 256  # float16 heads widened at a time for a scan (384 KiB of scratch at 384-d;
-# a memory budget may lower it: Navigator.widen_heads)
 _HNSW_M = 32
 
 
@@ -62,7 +60,7 @@ class Navigator:
         # queries scanned at once ([queries, heads] distances and their sort): a budget bounds it
         self.scan_queries: int | None = None
         # float16 heads widened at a time: each scanning thread keeps that much scratch (widen)
-        self.widen_heads = _WIDEN_HEADS
+        self.widen_heads = flat_scan.WIDEN_HEADS
 
     @property
     def n_heads(self) -> int:
@@ -94,7 +92,7 @@ class Navigator:
             self._flat, self._flat_norms = grown, norms
         block = self._flat[self._n_flat : self._n_flat + n]
         block[:] = vectors
-        self._flat_norms[self._n_flat : self._n_flat + n] = _squared_norms(block)  # as stored
+        self._flat_norms[self._n_flat : self._n_flat + n] = flat_scan.squared_norms(block)
         if self._bfloat is not None:  # kept in step, not remade: heads come a few at a time
             self._bfloat.put(self._n_flat, block)
         self._n_flat += n
@@ -117,19 +115,6 @@ class Navigator:
         ]
         return np.concatenate([d for d, _ in parts]), np.concatenate([p for _, p in parts])
 
-    def _products(self, queries: np.ndarray) -> np.ndarray:
-        """queries x heads, float32 [Q, heads]; float16 heads widened a piece at a time."""
-        heads = self._flat[: self._n_flat]
-        if heads.dtype == np.float32:
-            return queries @ heads.T
-        out = np.empty((len(queries), len(heads)), np.float32)
-        step = self.widen_heads
-        for first in range(0, len(heads), step):
-            piece = heads[first : first + step]
-            wide = widen_float16(piece.reshape(-1)).reshape(piece.shape)
-            np.matmul(queries, wide.T, out=out[:, first : first + len(piece)])
-        return out
-
     def _search_flat(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
         heads = self._flat[: self._n_flat]
         if len(queries) >= BFLOAT16_FROM_QUERIES and self._uses_bfloat16(want):
@@ -139,20 +124,8 @@ class Navigator:
                 rounded = head_scan.BfloatHeads(heads, l2, capacity=len(self._flat))
                 self._bfloat = rounded
             return head_scan.nearest(rounded, queries, heads, want)
-        dist = self._products(queries)
-        if self.metric is Metric.L2:
-            dist = self._flat_norms[: self._n_flat] - 2.0 * dist
-            dist += np.einsum("ij,ij->i", queries, queries)[:, None]
-        else:
-            np.negative(dist, out=dist)
-        if want < dist.shape[1]:
-            pos = np.argpartition(dist, want - 1, axis=1)[:, :want]
-        else:
-            pos = np.broadcast_to(np.arange(dist.shape[1]), dist.shape).copy()
-        part = np.take_along_axis(dist, pos, axis=1)
-        order = np.argsort(part, axis=1, kind="stable")
-        pos = np.take_along_axis(pos, order, axis=1)
-        return np.take_along_axis(part, order, axis=1), pos
+        norms = self._flat_norms[: self._n_flat]
+        return flat_scan.nearest(queries, heads, norms, self.metric, want, self.widen_heads)
 
     def add(self, vectors: np.ndarray, pids: np.ndarray, take: bool = False) -> None:
         """Add heads (prepared float32 vectors) under posting ids ``pids``. ``take``: the
@@ -175,7 +148,7 @@ class Navigator:
             self._index.add(np.ascontiguousarray(vectors, np.float32))
         elif take and self._n_flat == 0 and vectors.flags.writeable and self._takes(vectors):
             self._flat, self._n_flat = vectors, len(vectors)  # no second copy of every head
-            self._flat_norms = _squared_norms(vectors)
+            self._flat_norms = flat_scan.squared_norms(vectors)
             self._bfloat = None
         else:
             self._add_flat(np.asarray(vectors, self._flat.dtype))
@@ -241,6 +214,13 @@ class Navigator:
         if self._index is None:
             return self._flat[positions].astype(np.float32, copy=False)
         return self._index.reconstruct_batch(positions)
+
+    def pieces(self, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(pids, float32 vectors) of the live heads, ``rows`` at a time: never all widened."""
+        pids = np.flatnonzero(self._pid_pos >= 0)
+        for first in range(0, len(pids), max(1, rows)):
+            part = pids[first : first + rows]
+            yield part, self.vectors_of(part)
 
     def _live(self) -> tuple[np.ndarray, np.ndarray]:
         """(pids, vectors) of every live head, float16 when the heads are held so."""
@@ -350,15 +330,3 @@ class Navigator:
             return self._index.nbytes + bookkeeping
         links = self._index.ntotal * _HNSW_M * 2 * 4
         return self._index.ntotal * self.dim * 4 + links + bookkeeping
-
-
-def _squared_norms(vectors: np.ndarray) -> np.ndarray:
-    """|v|^2 of each row in float32; float16 rows widened a piece at a time (a whole float32
-    copy of the heads is what a tight budget cannot hold)."""
-    if vectors.dtype == np.float32:
-        return np.einsum("ij,ij->i", vectors, vectors)
-    out = np.empty(len(vectors), np.float32)
-    for first in range(0, len(vectors), _WIDEN_HEADS):
-        wide = vectors[first : first + _WIDEN_HEADS].astype(np.float32)
-        out[first : first + len(wide)] = np.einsum("ij,ij->i", wide, wide)
-    return out

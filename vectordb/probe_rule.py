@@ -8,7 +8,8 @@ its own vectors (``measure_postings``), after a build, an open and a checkpoint:
 
 1. ``SAMPLES`` stored vectors, one each from lists spread over the index (a fixed seed, so
    every open of the same index measures the same), are the queries;
-2. for each, its ``WIDE`` x floor nearest heads' lists are read (a few at a time, within the
+2. for each, its ``WIDE`` x floor nearest heads (an exact scan of the heads, a piece at a
+   time: the same answer at every open) have their lists read (a few at a time, within the
    read buffer) and every live member's exact distance taken; its 10 nearest other vectors
    among them, and for each the rank (by head distance) of the first list holding it;
 3. the default is the least list count at which the samples find ``TARGET`` of those
@@ -32,7 +33,7 @@ import numpy as np
 
 from tiers.io import CorruptionError
 from vectordb.config import default_postings
-from vectordb.metric import distances
+from vectordb.metric import distances, pairwise_distances
 from vectordb.posting_format import PAGE_BYTES
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ async def measure_postings(index: SpannIndex) -> int:
         queries, own_ids = await _samples(index)
         if len(queries) == 0:
             return floor
-        head_pids, _ = index.navigator.search(queries, wide)
+        head_pids = _nearest_heads(index, queries, wide)
         ranks = np.full((len(queries), K), -1, np.int64)
         for row in range(len(queries)):
             ranks[row] = await _neighbour_ranks(index, queries[row], own_ids[row], head_pids[row])
@@ -91,6 +92,25 @@ async def measure_postings(index: SpannIndex) -> int:
         index.searches.discard(done)
         done.set_result(None)
     return postings_for_target(ranks, TARGET, floor, wide)
+
+
+def _nearest_heads(index: SpannIndex, queries: np.ndarray, wide: int) -> np.ndarray:
+    """pids int64 [S, wide] of each query's nearest heads by exact distance, nearest first: a
+    scan of the heads a piece at a time (the HNSW graph is built by several threads, so its
+    answers, and a measure taken through it, would differ from one open to the next)."""
+    rows = max(256, (index.memory.read_buffer_bytes or (16 << 20)) // (4 * index.config.dim))
+    best_pids = np.zeros((len(queries), 0), np.int64)
+    best_dist = np.zeros((len(queries), 0), np.float32)
+    for pids, vectors in index.navigator.pieces(rows):
+        dist = np.concatenate([best_dist, pairwise_distances(index.metric, queries, vectors)], 1)
+        both = np.concatenate([best_pids, np.broadcast_to(pids, (len(queries), len(pids)))], 1)
+        keep = np.argpartition(dist, wide - 1, axis=1)[:, :wide] if dist.shape[1] > wide else None
+        if keep is not None:
+            dist = np.take_along_axis(dist, keep, axis=1)
+            both = np.take_along_axis(both, keep, axis=1)
+        best_dist, best_pids = dist, both
+    order = np.argsort(best_dist, axis=1, kind="stable")
+    return np.take_along_axis(best_pids, order, axis=1)
 
 
 async def _samples(index: SpannIndex) -> tuple[np.ndarray, np.ndarray]:
