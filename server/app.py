@@ -34,6 +34,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
+from server.access_log import writer as access_writer
 from server.deps import drain_writes
 from server.envelope import OrjsonResponse, OrjsonRoute
 from server.errors import install_error_handlers
@@ -143,6 +144,7 @@ def create_app(settings: Settings) -> FastAPI:
             if drained:
                 log.info("waited for %d write(s) to finish", drained)
             await catalog.aclose()
+            await asyncio.to_thread(access_writer.flush)  # the last requests' lines
 
     app = _Service(
         title="tierkit",

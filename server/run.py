@@ -76,6 +76,9 @@ def serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         workers=1,
+        # uvloop (a dependency) when importable, else asyncio's loop: the loop in C cut the
+        # server's CPU per query at concurrency 64 (issue 16's c64 ratio; RESULTS.md)
+        loop="auto",
         log_config=None,  # ours above; uvicorn's access log is replaced by the JSON one
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.graceful_timeout_s)),
