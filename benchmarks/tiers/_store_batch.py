@@ -10,7 +10,8 @@ writes.
   objects acknowledged durable per second; against ``fio --rw=randwrite --bs=4k --iodepth=1
   --fdatasync=1`` (every write made durable on its own), in writes per second.
 
-The tier and fio take turns, the one going first alternating by round.
+The tier and fio take turns figure by figure (get_many then fio at one size, the next size, then
+the writes), the one going first alternating by round.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,30 +141,42 @@ async def batch_round(
     seconds: float,
 ) -> list[BatchSample]:
     samples: list[BatchSample] = []
+    first_tier = round_index % 2 == 0
 
-    async def tier_side() -> None:
-        for size in GET_SIZES:
+    async def pair(tier_part: Any, fio_part: Any) -> None:
+        """One figure of each side, back to back: the device drifts over seconds here (fio
+        moved 60-130k IOPS within minutes), so each ratio compares neighbours in time."""
+        if first_tier:
+            await tier_part()
+            await asyncio.to_thread(fio_part)
+        else:
+            await asyncio.to_thread(fio_part)
+            await tier_part()
+
+    for size in GET_SIZES:
+
+        async def gets(size: int = size) -> None:
             await get_many_rate(tier, size, counts[size], warmup_s, round_index)  # warm-up
             rate = await get_many_rate(tier, size, counts[size], seconds, 100 + round_index)
             samples.append(BatchSample("get_many", size, round_index, rate))
+
+        def reads(size: int = size) -> None:
+            total = counts[size] * size
+            rate = fio_rate(fio, "randread", fio_path, size, total, 32, warmup_s, seconds)
+            samples.append(BatchSample("fio_randread", size, round_index, rate))
+
+        await pair(gets, reads)
+
+    async def puts() -> None:
         many, single = await put_rates(tier, seconds, round_index)
         samples.append(BatchSample("put_many", PUT_SIZE, round_index, many))
         samples.append(BatchSample("puts_concurrent", PUT_SIZE, round_index, single))
 
-    def fio_side() -> None:
-        for size in GET_SIZES:
-            total = counts[size] * size
-            rate = fio_rate(fio, "randread", fio_path, size, total, 32, warmup_s, seconds)
-            samples.append(BatchSample("fio_randread", size, round_index, rate))
+    def writes() -> None:
         rate = fio_rate(fio, "randwrite", put_path, PUT_SIZE, 16 << 20, 1, warmup_s, seconds)
         samples.append(BatchSample("fio_fsync_write", PUT_SIZE, round_index, rate))
 
-    if round_index % 2 == 0:
-        await tier_side()
-        await asyncio.to_thread(fio_side)
-    else:
-        await asyncio.to_thread(fio_side)
-        await tier_side()
+    await pair(puts, writes)  # last: fdatasync'd writes must not precede either side's reads
     return samples
 
 
