@@ -97,8 +97,9 @@ def passes_table(run: BudgetRun, budget: str) -> str:
     lines = [
         f"### memory budget {budget} ({run.limits[budget] / _MIB:.1f} MiB): every pass",
         "",
-        "| system | mode | knob | recall@10 | QPS | p50 ms | p99 ms | RSS after MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | mode | knob | recall@10 | QPS | p50 ms | p99 ms | RSS after MiB "
+        "| group anon after MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for system, reply in run.results[budget].items():
         knob = reply.get("knob", "?")
@@ -106,10 +107,10 @@ def passes_table(run: BudgetRun, budget: str) -> str:
             lines.append(
                 f"| {system} | {p['mode']} | {knob}={p['value']} | {p['recall']:.4f} "
                 f"| {p['qps']:,.0f} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} "
-                f"| {p['rss_bytes'] / _MIB:.0f} |"
+                f"| {p['rss_bytes'] / _MIB:.0f} | {_num(_mib(p.get('anon_bytes')), '.1f')} |"
             )
         if "failed" in reply:
-            lines.append(f"| {system} | - | - | - | {reply['failed']} | - | - | - |")
+            lines.append(f"| {system} | - | - | - | {reply['failed']} | - | - | - | - |")
     return "\n".join(lines)
 
 

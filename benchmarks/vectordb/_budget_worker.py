@@ -67,8 +67,27 @@ def _percentile_ms(latencies: list[float], q: float) -> float:
     return round(float(np.percentile(latencies, q)) * 1000, 3)
 
 
+def _anon_bytes(cgroup: str | None) -> int | None:
+    """The group's anonymous memory now (what reclaim cannot take back; the charge also holds
+    page cache), from memory.stat: ``rss`` (v1) or ``anon`` (v2)."""
+    if not cgroup:
+        return None
+    with contextlib.suppress(OSError):
+        for line in Path(cgroup, "memory.stat").read_text().splitlines():
+            name, value = line.split()
+            if name in ("rss", "anon"):
+                return int(value)
+    return None
+
+
 def _pass(
-    system: Any, mode: str, value: int, queries: Any, gt: Any, limit_s: float
+    system: Any,
+    mode: str,
+    value: int,
+    queries: Any,
+    gt: Any,
+    limit_s: float,
+    cgroup: str | None = None,
 ) -> dict[str, Any]:
     from benchmarks.vectordb._common import recall_at
 
@@ -94,6 +113,7 @@ def _pass(
         "p50_ms": _percentile_ms(latencies, 50),
         "p99_ms": _percentile_ms(latencies, 99),
         "rss_bytes": _rss_bytes(),
+        "anon_bytes": _anon_bytes(cgroup),  # the group's, after the pass
     }
 
 
@@ -110,6 +130,7 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
     charged = baseline_bytes if args.join and args.cgroup else 0
     ours_budget = None if args.budget_bytes is None else max(0, args.budget_bytes - charged)
     system = make(args.system, paths, ours_budget, args.keep_open)
+    opened_anon = _anon_bytes(args.cgroup)
     values = [int(v) for v in args.knobs.split(",") if v]
     if args.system == "ours" and system.default_value not in values:
         values.append(system.default_value)  # the default SearchParams: recall_at_10_single
@@ -130,7 +151,9 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
                     # system still gets its next knob, so its QPS at the goal is measured
                     skipped.append({"mode": mode, "value": value})
                     continue
-                done = _pass(system, mode, value, queries[:rows], gt[:rows], args.pass_s)
+                done = _pass(
+                    system, mode, value, queries[:rows], gt[:rows], args.pass_s, args.cgroup
+                )
                 passes.append(done)
                 # each pass at once: a worker killed later (OOM, timeout) still reports it
                 print(json.dumps({"pass": done}), file=reply, flush=True)
@@ -150,6 +173,7 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
         "stats": {k: v for k, v in stats.items() if isinstance(v, int | float | str)},
         "passes": passes,
         "skipped": skipped,
+        "opened_anon_bytes": opened_anon,
     }
 
 
