@@ -152,6 +152,12 @@ def ratio_rule(run: BudgetRun, budget: str, mode: str, peer: str) -> dict[str, A
         return out
     mine = _measured(run, budget, "ours", mode) if "ours" in run.results.get(budget, {}) else []
     theirs = _measured(run, budget, peer, mode) if peer in run.results.get(budget, {}) else []
+    if mine and not theirs and peer in run.results.get(budget, {}):
+        # a peer so slow that no pass reached MIN_QUERIES queries before its deadline: its
+        # passes with fewer still bound its QPS (the recall of a few queries only picks ours'
+        # pass, which must reach at least it); said as its own rule, with the query count
+        theirs = [p for p in _passes(run, budget, peer, mode) if p["queries"]]
+        out["peer_queries"] = max((p["queries"] for p in theirs), default=0)
     if not mine or not theirs:
         out["why"] = f"{'ours' if not mine else peer} has no measured pass"
         return out
@@ -166,7 +172,8 @@ def ratio_rule(run: BudgetRun, budget: str, mode: str, peer: str) -> dict[str, A
         return out
     fastest = max(above, key=lambda p: p["qps"])
     out.update(ours_recall=fastest["recall"], ours_qps=fastest["qps"], ours_value=fastest["value"])
-    out.update(ratio=round(fastest["qps"] / best["qps"], 3), rule="at_peer_best")
+    rule = "at_peer_best" if "peer_queries" not in out else f"at_peer_best (<{MIN_QUERIES} q)"
+    out.update(ratio=round(fastest["qps"] / best["qps"], 3), rule=rule)
     return out
 
 

@@ -52,6 +52,14 @@ def test_a_peer_short_of_the_target_is_met_at_its_best_recall() -> None:
     assert "at_peer_best" in line and "0.8600" in line and "0.8400" in line and "PASS" in line
 
 
+def test_a_peer_too_slow_for_a_measured_pass_is_said_so() -> None:
+    ours = [_pass("conc8", 4, 0.86, 550), _pass("conc8", 8, 0.92, 360)]
+    peer = [_pass("conc8", 4, 0.757, 3.5, queries=14)]
+    rule = ratio_rule(_run(ours, peer), "tight", "conc8", "faiss_ondisk")
+    assert rule["rule"] == "at_peer_best (<20 q)" and rule["peer_queries"] == 14
+    assert rule["ours_qps"] == 550 and rule["ratio"] == round(550 / 3.5, 3)
+
+
 def test_no_figure_where_ours_falls_short_or_a_side_has_no_pass() -> None:
     ours = [_pass("single", 4, 0.70, 900)]
     peer = [_pass("single", 8, 0.84, 2)]
