@@ -98,7 +98,7 @@ def _nearest_heads(index: SpannIndex, queries: np.ndarray, wide: int) -> np.ndar
     """pids int64 [S, wide] of each query's nearest heads by exact distance, nearest first: a
     scan of the heads a piece at a time (the HNSW graph is built by several threads, so its
     answers, and a measure taken through it, would differ from one open to the next)."""
-    rows = max(256, (index.memory.read_buffer_bytes or (16 << 20)) // (4 * index.config.dim))
+    rows = max(64, _scratch_bytes(index) // (4 * index.config.dim))
     best_pids = np.zeros((len(queries), 0), np.int64)
     best_dist = np.zeros((len(queries), 0), np.float32)
     for pids, vectors in index.navigator.pieces(rows):
@@ -111,6 +111,15 @@ def _nearest_heads(index: SpannIndex, queries: np.ndarray, wide: int) -> np.ndar
         best_dist, best_pids = dist, both
     order = np.argsort(best_dist, axis=1, kind="stable")
     return np.take_along_axis(best_pids, order, axis=1)
+
+
+def _scratch_bytes(index: SpannIndex) -> int:
+    """Bytes of lists read, or of heads widened, at a time: a quarter of the budget's read
+    buffer (the measure runs while an index opens, beside what it already holds: at a 13.7
+    MiB limit a full buffer's worth of reads and copies took the opening over), 4 MiB without
+    a budget."""
+    read = index.memory.read_buffer_bytes
+    return (4 << 20) if read is None else max(64 << 10, read // 4)
 
 
 async def _samples(index: SpannIndex) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +151,7 @@ async def _neighbour_ranks(
     (nearest head first), the rank of the first list holding each; -1 for slots left empty."""
     head_pids = head_pids[head_pids >= 0]
     sizes = index.store.pages_of(head_pids) * PAGE_BYTES
-    limit = max(index.memory.read_buffer_bytes or (4 << 20), int(sizes.max(initial=0)))
+    limit = max(_scratch_bytes(index), int(sizes.max(initial=0)))
     best_ids = np.zeros(0, np.int64)
     best_dist = np.zeros(0, np.float32)
     best_rank = np.zeros(0, np.int64)
@@ -154,7 +163,10 @@ async def _neighbour_ranks(
         keep = index.versions.valid(records["id"], records["version"]) & (records["id"] != own_id)
         list_rank = np.repeat(np.arange(first, last), np.diff(batch.starts))[keep]
         ids = records["id"][keep]
-        dist = distances(index.metric, query, np.asarray(records["vector"][keep], np.float32))
+        vectors = records["vector"]  # a view: float32 records are not copied again
+        vectors = vectors if vectors.dtype == np.float32 else vectors.astype(np.float32)
+        dist = distances(index.metric, query, vectors)[keep]
+        del batch, records, vectors
         best_ids = np.concatenate([best_ids, ids])
         best_dist = np.concatenate([best_dist, dist])
         best_rank = np.concatenate([best_rank, list_rank])
