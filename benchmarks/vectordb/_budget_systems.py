@@ -7,10 +7,11 @@ Each returns (ids [Q, k], per-call latencies in seconds). The one-query modes ta
 after ``deadline`` (a ``time.perf_counter`` value): under a tight limit a thrashing system can
 take minutes per pass; rows never searched stay -1 and the worker scores only the others.
 ``cold`` closes the index, drops its files from the page cache and opens it again (untimed:
-opening is excluded for every system). On the 2M sets ours opens once (``keep_open``: an
-opening rebuilds a 165k-head HNSW navigator) and a cold start empties its list cache and drops
-its files from the page cache instead: as cold for the data, its heads (like faiss's
-quantizer, read back at its reopening) resident either way.
+opening is excluded for every system). Ours opens once per worker (``keep_open``, all plans
+but smoke: at 2M an opening rebuilds a 165k-head HNSW navigator, and at 13.7 MiB each
+reopening left more anonymous memory) and a cold start empties its list cache and drops its
+files from the page cache instead: as cold for the data, its heads (like faiss's quantizer,
+read back at its reopening) resident either way.
 
 Concurrency follows each library's own way of serving callers: ours is an asyncio API, so N
 callers are N tasks on one event loop, each awaiting ``index.search`` of one query; faiss
