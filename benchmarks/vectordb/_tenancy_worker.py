@@ -14,7 +14,7 @@ against the ground truth and the access model: a worker never sees the ground tr
 timings, the system's memory and disk figures and the process's peak RSS (VmHWM) are the JSON line
 on stdout. Ours also times, per knob and class under 1%, the cold read of only the runs its batch
 pass read (``read_bound``, and ``read_bound_sq8`` as if the vectors were a byte a dimension).
-``--system ours_updates`` times grants, revokes and inserts instead (_tenancy_ours.py).
+``--system ours_updates`` times grants, revokes and inserts instead (_tenancy_updates.py).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     reply = os.fdopen(os.dup(1), "w")  # our JSON line only: C++ printf output goes to stderr
     os.dup2(2, 1)
     if args.system == "ours_updates":
-        from benchmarks.vectordb._tenancy_ours import update_timings
+        from benchmarks.vectordb._tenancy_updates import update_timings
 
         ctx, _ = load_context(args.manifest)
         out: dict[str, Any] = {"system": "ours_updates"}

@@ -17,6 +17,7 @@ Invariants (kept by Tenancy under the index's update lock):
 
 The set is in the checkpoint (``pending_tenants``, ``pending_ids``), although a checkpoint
 settles first; grants replayed from the log at open become pending again.
+``settle_pending_grants`` copies a tenant's pending pairs into its shortlists.
 
 Thread-safety: loop thread only; a search takes ``ids(tenant)`` (an array never changed in
 place: every change makes a new one) and reads without the lock.
@@ -24,9 +25,16 @@ place: every change makes a new one) and reads without the lock.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-__all__ = ["PendingGrants"]
+from vectordb.tenancy.tenant_updates import place
+
+if TYPE_CHECKING:
+    from vectordb.tenancy.tenancy import Tenancy
+
+__all__ = ["PendingGrants", "settle_pending_grants"]
 
 
 class PendingGrants:
@@ -101,6 +109,25 @@ class PendingGrants:
 
     def resident_bytes(self) -> int:
         return sum(a.nbytes + 120 for a in self._ids.values())
+
+
+async def settle_pending_grants(tenancy: Tenancy, tenants: list[int]) -> None:
+    """Copy ``tenants``' pending pairs into their shortlists: one read of their home copies a
+    tenant (in file order), then ``place``. A pair leaves the pending set only once placed,
+    so a search meanwhile finds it in one or the other (or both: one result an id)."""
+    table, pending = tenancy.table, tenancy.pending
+    for tenant in tenants:
+        ids = pending.ids(tenant)
+        if not len(ids):
+            continue
+        ids = ids[table.member(ids, np.full(len(ids), tenant, np.int64))]
+        _, locations, leaves = table.lookup(ids)
+        order = np.argsort(locations, kind="stable")
+        ids, locations, leaves = ids[order], locations[order], leaves[order]
+        vectors = await tenancy.store.read_home(ids, locations)
+        await place(tenancy, tenant, ids, leaves, locations, vectors)
+        tenancy.shortlists.compact(tenant)
+        pending.pop(tenant)
 
 
 _EMPTY = np.zeros(0, np.int64)

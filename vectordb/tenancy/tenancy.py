@@ -25,7 +25,7 @@ import numpy as np
 
 from vectordb.metric import Metric, prepare
 from vectordb.tenancy.access_table import AccessTable
-from vectordb.tenancy.pending_grants import PendingGrants
+from vectordb.tenancy.pending_grants import PendingGrants, settle_pending_grants
 from vectordb.tenancy.shortlists import TenantShortlists
 from vectordb.tenancy.tenant_bulk import bulk_load
 from vectordb.tenancy.tenant_names import TenantId, TenantNames
@@ -241,22 +241,8 @@ class Tenancy:
             self.shortlists.compact(tenant)
 
     async def settle_grants(self, tenants: list[int]) -> None:
-        """Copy ``tenants``' pending pairs into their shortlists: one read of their home
-        copies a tenant (in file order), then ``place``. A pair leaves the pending set only
-        once placed, so a search meanwhile finds it in one or the other (or both: a search
-        keeps one result an id)."""
-        for tenant in tenants:
-            ids = self.pending.ids(tenant)
-            if not len(ids):
-                continue
-            ids = ids[self.table.member(ids, np.full(len(ids), tenant, np.int64))]
-            _, locations, leaves = self.table.lookup(ids)
-            order = np.argsort(locations, kind="stable")
-            ids, locations, leaves = ids[order], locations[order], leaves[order]
-            vectors = await self.store.read_home(ids, locations)
-            await place(self, tenant, ids, leaves, locations, vectors)
-            self.shortlists.compact(tenant)
-            self.pending.pop(tenant)
+        """Copy ``tenants``' pending pairs into their shortlists (pending_grants.settle)."""
+        await settle_pending_grants(self, tenants)
 
     def _numbers(self, rows: TenantRows) -> np.ndarray:
         _, refs, names = rows
