@@ -76,6 +76,7 @@ from benchmarks.server._dataset import write_manifest
 from benchmarks.server._service import Server, env, serve_available
 
 SYSTEMS = ("http", "inprocess", "index_bulk", "milvus_lite", "qdrant_local")
+PAIRED = ("http", "inprocess")
 _ALL = "query:1,query:8,query:64,mix:1,mix:8,mix:64"
 
 
@@ -86,6 +87,12 @@ class Plan:
     duration_s: float
     rounds: int
     soak_s: float  # 0: no soak
+    # the service and its in-process ceiling get at least this many rounds, which of them goes
+    # first alternating (A B B A), so the c64 ratio's two sides see like load
+    paired_rounds: int = 0
+
+    def rounds_of(self, system: str, rounds: int) -> int:
+        return max(rounds, self.paired_rounds) if system in PAIRED else rounds
 
     @property
     def soak_warmup_s(self) -> float:
@@ -104,6 +111,7 @@ QUICK = Plan(
     4.0,
     1,
     0.0,
+    paired_rounds=2,
 )
 FULL = Plan({s: _ALL for s in SYSTEMS}, 3.0, 15.0, 3, 600.0)
 SMOKE = Plan(
@@ -272,9 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         log(f"{system}: unavailable: {why}")
         results[system] = {"error": why}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sources}
-    for round_index in range(rounds):
-        for system in list(runs):
-            log(f"=== round {round_index + 1}/{rounds}: {system}")
+    total_rounds = max(plan.rounds_of(s, rounds) for s in runs) if runs else 0
+    for round_index in range(total_rounds):
+        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
+        for system in order:
+            if system not in runs or round_index >= plan.rounds_of(system, rounds):
+                continue  # dropped after an error, or its rounds are done
+            log(f"=== round {round_index + 1}/{total_rounds}: {system}")
             reply = measure(
                 system,
                 sources[system],
@@ -339,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine(),
         "mode": mode,
         "rounds": rounds,
+        "paired_rounds": max(rounds, plan.paired_rounds),
         "window_s": plan.duration_s,
         "warmup_s": plan.warmup_s,
         "dataset": data.describe(),
