@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from tiers.io import CorruptionError
-from tiers.storage import lmdb_errors, open_lmdb, seal, unseal, write_growing
-from vectordb.meta_files import fsync_directory, read_npy, write_npy
+from tiers.io import CorruptionError, default_env
+from tiers.storage import fsync_directory, lmdb_errors, open_lmdb, seal, unseal, write_growing
+from vectordb.meta_files import read_npy, write_npy
 
 __all__ = ["META_FORMAT_VERSION", "Checkpoint", "MetaStore", "Narrow"]
 
@@ -150,8 +150,9 @@ class MetaStore:
             file_name = f"{len(values)}.npy"
             nbytes, crc = write_npy(os.path.join(folder, file_name), array)
             values[b"f:" + name.encode()] = _FILE.pack(generation, nbytes, crc) + file_name.encode()
-        fsync_directory(folder)  # the files' names, then the folder's, before a record names them
-        fsync_directory(self.path)
+        # the files' names, then the folder's, before a record names them
+        fsync_directory(default_env, folder)
+        fsync_directory(default_env, self.path)
         values[b"format"] = _FORMAT.pack(META_FORMAT_VERSION, len(values) + 1)
         with lmdb_errors(self.data_path):
             write_growing(self._env, lambda txn: self._replace_all(txn, values))

@@ -20,17 +20,9 @@ import numpy as np
 
 from tiers.io import CorruptionError
 
-__all__ = ["READ_STEP_BYTES", "fsync_directory", "read_npy", "write_npy"]
+__all__ = ["READ_STEP_BYTES", "read_npy", "write_npy"]
 
 READ_STEP_BYTES = 4 << 20
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _CrcWriter:

@@ -31,7 +31,8 @@ import zlib
 
 import numpy as np
 
-from tiers.io import CorruptionError, map_os_errors
+from tiers.io import CorruptionError, default_env, map_os_errors
+from tiers.storage import fsync_directory
 
 __all__ = ["VectorChanged", "VectorFile", "vector_crc"]
 
@@ -47,14 +48,6 @@ def vector_crc(internal_id: int, side: int, data: bytes) -> int:
     return zlib.crc32(data, zlib.crc32(_SIDE.pack(internal_id, side)))
 
 
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class VectorFile:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -62,7 +55,7 @@ class VectorFile:
         with map_os_errors(path):
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             if created:  # its name must outlive a power cut before any record names a slot
-                _fsync_directory(os.path.dirname(path) or ".")
+                fsync_directory(default_env, os.path.dirname(path) or ".")
         self._dirty = False
 
     def write(self, internal_id: int, side: int, data: bytes) -> None:
