@@ -21,10 +21,18 @@ pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 def test_waiting_jobs_run_smallest_priority_first() -> None:
     pool = DecodePool(1, name="tierkit-decode-test")
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     ran: list[int] = []
+
+    def hold() -> bool:
+        started.set()
+        return gate.wait(10)
+
     try:
-        first = pool.submit(9, gate.wait, 10)  # occupies the one thread while the rest queue
+        first = pool.submit(9, hold)  # occupies the one thread while the rest queue
+        # the thread must hold it before the rest arrive: a job still queued would run after
+        # them (its priority is the largest), and the queue would drain past 5 unseen
+        assert started.wait(10)
         futures = [pool.submit(p, ran.append, p) for p in (5, 1, 3, 1, 7)]
         while pool.queued < 5:
             time.sleep(0.001)
