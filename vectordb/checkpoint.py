@@ -19,6 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from vectordb.meta import Checkpoint
+from vectordb.probe_rule import STATE_KEY, saved_postings
 from vectordb.tenancy import logged
 from vectordb.tenancy.wal_records import TENANT_KINDS
 from vectordb.version_map import VersionMap
@@ -59,6 +60,11 @@ async def write_checkpoint(index: SpannIndex) -> None:
         "next_pid": index.next_pid,
         "navigator_kind": index.navigator.kind,
     }
+    entry = index.measure_entry
+    if entry is not None and saved_postings({STATE_KEY: entry}, index.navigator.n_heads):
+        # the heads are those it was measured on: kept, and not measured again (fit_memory)
+        state[STATE_KEY] = entry
+        index.saved_measure = {STATE_KEY: entry}
     arrays = {
         "head_pids": head_pids,
         "head_vectors": head_vectors,
@@ -89,6 +95,7 @@ async def load_checkpoint(index: SpannIndex) -> None:
         arrays["posting_start"], arrays["posting_capacity"], arrays["posting_count"]
     )
     index.next_pid = int(saved.state["next_pid"])
+    index.saved_measure = {STATE_KEY: saved.state.get(STATE_KEY)}  # for fit_memory
     index.wal.next_lsn = int(saved.state["next_lsn"])  # the log runs on from it, one a record
     if index.tenancy is not None and "tenancy" in saved.state:
         index.tenancy.restore(saved.state["tenancy"], arrays)

@@ -85,8 +85,13 @@ class SpannIndex:
         self.gatherer: SearchGatherer | None = None  # made by the first small search
         self.tenant_gatherer: SearchGatherer | None = None  # ... and tenant search
         self.memory = MemoryBudget(None)  # replaced by create/open with the caller's budget
-        # lists a query reads by default, as last measured on the index (probe_rule.py)
+        # lists a query reads by default, as last measured on the index (probe_rule.py); the
+        # measure's entry for the checkpoint state (None: not measured), and the one the last
+        # checkpoint read or written holds (fit_memory takes it instead of measuring again)
         self.measured_postings = default_postings(0)
+        self.measure_entry: dict[str, Any] | None = None
+        self.saved_measure: dict[str, Any] = {}
+        self.measure_source = "floor"  # "measured", "checkpoint" or "floor" (stats)
         self.checkpointed_lsn = -1  # the log position the last checkpoint holds everything to
         self.counters = {"queries": 0, "inserts": 0, "deletes": 0, "splits": 0, "merges": 0}
         self.counters.update({"reassigned": 0, "checkpoints": 0, "wal_replayed": 0})
@@ -232,15 +237,41 @@ class SpannIndex:
             await self._release()
 
     async def fit_memory(self) -> None:
-        """Split the memory budget again and measure the default list count (after the heads
-        changed: build, reopen, checkpoint)."""
-        from vectordb.probe_rule import measure_postings
+        """Split the memory budget again and set the default list count (after the heads
+        changed: build, reopen, checkpoint): the one the checkpoint holds for these heads,
+        else measured (probe_rule.py) and kept with the checkpoint."""
+        from vectordb import probe_rule
         from vectordb.search import READ_BUFFER_BYTES
 
         await self.memory.apply(self, READ_BUFFER_BYTES)
-        self.measured_postings = await measure_postings(self)
+        saved = probe_rule.saved_postings(self.saved_measure, self.navigator.n_heads)
+        self.saved_measure = {}
+        if saved is not None:  # no list read, no scratch: what a tight open can afford
+            self.measured_postings, self.measure_source = saved, "checkpoint"
+            self.measure_entry = probe_rule.record(saved, self.navigator.n_heads)
+            return
+        if not probe_rule.worth_measuring(self):
+            self.measured_postings = await probe_rule.measure_postings(self)  # the floor
+            self.measure_entry, self.measure_source = None, "floor"
+            return
+        self.measured_postings = await probe_rule.measure_postings(self)
+        self.measure_source = "measured"
+        self.measure_entry = probe_rule.record(self.measured_postings, self.navigator.n_heads)
         if self.memory.budget_bytes is not None:
             trim_heap()  # the measure's reads and distances: only while it ran
+        await self._keep_measure()
+
+    async def _keep_measure(self) -> None:
+        """Add the measure to the last checkpoint's state if nothing was logged since it
+        (else the lists it measured are not the checkpoint's: the next checkpoint keeps it)."""
+        from vectordb.probe_rule import STATE_KEY
+
+        async with self.update_lock:
+            lsn = self.checkpointed_lsn
+            if lsn != self.wal.next_lsn or self.engine.closed or self.measure_entry is None:
+                return
+            values = {STATE_KEY: self.measure_entry}
+            await self.runtime.run_blocking(self.meta.update_state, values, lsn)
 
     def _changed_since_checkpoint(self) -> bool:
         """Whether anything was logged, or runs wait to be freed, since the last checkpoint
@@ -417,6 +448,8 @@ class SpannIndex:
             "n_heads": self.navigator.n_heads,
             "default_max_postings": self.default_max_postings,
             "default_max_postings_floor": default_postings(self.navigator.n_heads),
+            # where the default came from: "measured" here, read from the "checkpoint", "floor"
+            "default_max_postings_source": self.measure_source,
             "resident_bytes": resident,
             # the heads and the structure that finds a query's nearest (counted in the budget)
             "navigator_bytes": self.navigator.resident_bytes(),

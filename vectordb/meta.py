@@ -158,6 +158,31 @@ class MetaStore:
             write_growing(self._env, lambda txn: self._replace_all(txn, values))
         self._remove_generations(keep=generation)
 
+    def update_state(self, values: dict[str, Any], if_next_lsn: int) -> bool:
+        """Merge ``values`` into the state of the last checkpoint, in place and durably, if
+        that checkpoint is still the one whose ``next_lsn`` is ``if_next_lsn`` (a figure
+        measured on a checkpoint's state is kept with that checkpoint only; a newer one, or an
+        index of format 1, gets nothing: False). One LMDB transaction: the record count and the
+        arrays are unchanged, and a crash leaves the old state or the new one."""
+        done = False
+
+        def merge(txn: Any) -> None:
+            nonlocal done
+            done = False  # write_growing may run it again on a grown map
+            sealed = txn.get(b"state")
+            if txn.get(b"format") is None or sealed is None:
+                return
+            state = self._json(b"state", {b"state": unseal(b"state", sealed, self.data_path)})
+            if state.get("next_lsn") != if_next_lsn:
+                return
+            state.update(values)
+            txn.put(b"state", seal(b"state", json.dumps(state).encode()))
+            done = True
+
+        with lmdb_errors(self.data_path):
+            write_growing(self._env, merge)
+        return done
+
     def close(self) -> None:
         self._env.close()
 

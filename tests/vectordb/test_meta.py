@@ -183,3 +183,25 @@ def test_an_object_array_is_refused() -> None:
     np.save(stream, np.array([1, "a"], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):
         _npy_copy(stream.getvalue())
+
+
+def test_update_state_merges_into_the_named_checkpoint_only(store: MetaStore) -> None:
+    config = {"dim": 5}
+    state = {"wal_seq": 1, "next_lsn": 9, "next_pid": 7}
+    arrays = _arrays()
+    store.write(Checkpoint(config, state, arrays))
+    assert not store.update_state({"measured": 3}, if_next_lsn=8)  # another checkpoint's
+    assert store.update_state({"measured": 4}, if_next_lsn=9)
+    got = store.read()  # every record still checks, the count still holds
+    assert got is not None
+    assert got.state == {**state, "measured": 4}
+    assert got.config == config
+    _assert_same(got.arrays, arrays)
+    store.write(Checkpoint(config, {**state, "next_lsn": 12}, arrays))  # replaces the state
+    got = store.read()
+    assert got is not None and "measured" not in got.state
+
+
+def test_update_state_leaves_an_empty_store_alone(store: MetaStore) -> None:
+    assert not store.update_state({"measured": 1}, if_next_lsn=0)
+    assert store.read() is None

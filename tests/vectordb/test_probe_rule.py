@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vectordb import IndexConfig, SearchParams, SpannIndex, default_postings
+from vectordb import IndexConfig, SearchParams, SpannIndex, default_postings, probe_rule
+from vectordb.meta import MetaStore
 from vectordb.metric import Metric
 from vectordb.probe_rule import measure_postings, postings_for_target
 
@@ -64,10 +65,36 @@ def test_diffuse_data_gets_the_lists_it_needs(tmp_path: Path) -> None:
             assert index.store.counters == counters  # searches' read counters untouched
         assert recall(measured, truth) >= 0.95 > 0.9 > recall(at_floor, truth)
         assert recall(np.stack(singles), truth[:30]) >= 0.95
+        assert stats["default_max_postings_source"] == "measured"
         async with await SpannIndex.open(tmp_path / "i", memory_budget_bytes=1 << 20) as index:
+            # kept with the checkpoint: read back, not measured again at open
             assert index.stats()["default_max_postings"] == stats["default_max_postings"]
+            assert index.stats()["default_max_postings_source"] == "checkpoint"
+            lsn = index.checkpointed_lsn
+        # a measure taken by another rule is not trusted: the open measures again
+        meta = MetaStore(str(tmp_path / "i" / "meta"))
+        try:
+            stale = {**probe_rule.record(1, stats["n_heads"]), "rule": "another rule"}
+            assert meta.update_state({probe_rule.STATE_KEY: stale}, lsn)
+        finally:
+            meta.close()
+        async with await SpannIndex.open(tmp_path / "i") as index:
+            assert index.stats()["default_max_postings_source"] == "measured"
+            assert index.stats()["default_max_postings"] == stats["default_max_postings"]
+        async with await SpannIndex.open(tmp_path / "i") as index:  # ... and kept again
+            assert index.stats()["default_max_postings_source"] == "checkpoint"
 
     asyncio.run(main())
+
+
+def test_saved_measure_needs_the_same_rule_and_heads() -> None:
+    entry = probe_rule.record(37, 400)
+    assert probe_rule.saved_postings({probe_rule.STATE_KEY: entry}, 400) == 37
+    assert probe_rule.saved_postings({probe_rule.STATE_KEY: entry}, 401) is None
+    assert probe_rule.saved_postings({}, 400) is None
+    for bad in ({**entry, "rule": "x"}, {**entry, "postings": 0}, {**entry, "postings": True}):
+        assert probe_rule.saved_postings({probe_rule.STATE_KEY: bad}, 400) is None
+    assert probe_rule.saved_postings({probe_rule.STATE_KEY: [37]}, 400) is None
 
 
 def test_clustered_data_keeps_the_floor_when_it_suffices(tmp_path: Path) -> None:
