@@ -1,6 +1,6 @@
 """Store configuration: a dict or a TOML file, validated into tiers and a TieredStore.
 
-    policy = "cost"            # lru | lfu | cost
+    policy = "cost"            # lru | lfu | cost | tinylfu
     engine = "auto"            # auto | uring | thread | gds (the I/O engine of NVMe tiers;
                                # other than auto: a private IORuntime with that engine)
     write_through = true       # optional; default: true when an NVMe tier exists

@@ -1,11 +1,12 @@
 """StoreMigration: how a TieredStore moves copies between tiers: promotion, eviction, demotion.
 
-A read served below the top promotes the object: at once, in the get, when that takes only
-memory copies and drops (``_promote_now``: the store's lock is free, the target is a memory tier
-and every victim it evicts has a copy elsewhere, so the get does one copy into the arena instead
-of a private copy and a background task, ~15 us less per 64 KiB miss); otherwise as a background
-task (``_promote``) that takes the lock and may write a victim down (write-back, maybe I/O), so
-a get never waits for I/O of a migration. Eviction drops a copy when another exists and
+A read served below the top promotes the object (unless the top tier is full and its policy
+refuses the key: ``EvictionPolicy.admission``, TinyLFU's): at once, in the get, when that takes
+only memory copies and drops (``_promote_now``: the store's lock is free, the target is a memory
+tier and every victim it evicts has a copy elsewhere, so the get does one copy into the arena
+instead of a private copy and a background task, ~15 us less per 64 KiB miss); otherwise as a
+background task (``_promote``) that takes the lock and may write a victim down (write-back, maybe
+I/O), so a get never waits for I/O of a migration. Eviction drops a copy when another exists and
 otherwise demotes it one tier down, recursively.
 
 Concurrency: loop thread only. Migrations hold the store's asyncio lock across their awaits;
@@ -69,6 +70,9 @@ class StoreMigration:
         ``whole``): promote it now if that is only memory work, else in the background."""
         if not self.promote_on_hit or entry.pinned or key in self._promoting:
             return
+        top = self._policies[0]
+        if top.admission and self.tiers[0].free_bytes < entry.size_bytes and not top.admits(key):
+            return  # the top tier's policy keeps what it holds: no copy, no eviction
         if whole and self._promote_now(key, entry, result):
             return
         # Hand the bytes just read to the promotion (a memory copy: the caller owns ``result``)

@@ -112,4 +112,5 @@ class StoreReads(StoreMigration):
         if index:
             for counters in self.counters[:index]:
                 counters.misses += 1
+            self._policies[0].note_miss(key)  # before the promotion asks it to admit the key
             self._promote_after_hit(key, entry, result, byte_range is None)
