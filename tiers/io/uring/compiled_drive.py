@@ -228,10 +228,12 @@ class CompiledDriver:
 
     def _record(self, n: int) -> None:
         engine = self.engine
-        keys, rows, res = (a[:n] for a in self.out[:3])
+        out_key, out_row, out_res = self.out[:3]
+        keys, rows, res = out_key[:n], out_row[:n], out_res[:n]
         before = engine._inflight_batches
         first = int(keys[0])
-        if first == SINGLE_KEY and not keys.any():
+        # singles: a list's any() for a wave of a few, not a numpy reduction (~1.5 us a call)
+        if first == SINGLE_KEY and not (any(keys.tolist()) if n < 64 else keys.any()):
             engine._settle_singles(rows.tolist(), res.tolist())
         elif first == int(keys[-1]) and (n < 3 or bool((keys == first).all())):
             engine._account(first, rows.copy(), res.copy(), counted=True)
