@@ -27,6 +27,9 @@ EXACT = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_candidates=0)
 EXACT_TREE = SearchParams(tenant_candidates=0, tenant_route="tree")
 EXACT_FILTER = SearchParams(max_postings=100_000, prune_ratio=1e9, tenant_route="filter")
 EXACT_ROUTES = (EXACT, EXACT_TREE, EXACT_FILTER)
+# every shortlist of the tenant, but not exact: read and scored as compact twins (tenant_store)
+# where the index keeps them (ip and cosine)
+ALL_TWINS = SearchParams(tenant_candidates=1 << 30, tenant_route="tree")
 
 
 def small_config(**overrides: Any) -> IndexConfig:
@@ -243,3 +246,28 @@ async def assert_index_matches(
     found, _ = await index.search(queries, k, EXACT, tenant=tenants)
     for t, row in zip(tenants, found.tolist(), strict=True):
         assert {i for i in row if i >= 0} == model.readable(t), f"{what}all of {t!r}"
+    if index.tenancy is None or index.tenancy.store.codec is None:
+        return
+    # the same through the compact twins: every pair is in one (or pending), none leaks
+    found, _ = await index.search(queries, k, ALL_TWINS, tenant=tenants)
+    for t, row in zip(tenants, found.tolist(), strict=True):
+        assert {i for i in row if i >= 0} == model.readable(t), f"{what}twins: all of {t!r}"
+    await assert_twins_whole(index, what)
+
+
+async def assert_twins_whole(index: SpannIndex, what: str = "") -> None:
+    """Every shortlist run's twin holds its ids and versions, in order, and the codes of its
+    vectors (tenant_store's invariant, between calls)."""
+    tenancy = index.tenancy
+    assert tenancy is not None and tenancy.store.codec is not None
+    store, codec = tenancy.store, tenancy.store.codec
+    pids = np.array(sorted(e.pid for e in tenancy.shortlists.entries()), np.int64)
+    if not len(pids):
+        return
+    assert store.twins(pids).all(), f"{what}lists without a whole twin"
+    runs, twins = await store.lists.read(pids), await store.codes.read(pids)
+    assert np.array_equal(runs.starts, twins.starts), f"{what}twin lengths"
+    assert np.array_equal(runs.records["id"], twins.records["id"]), f"{what}twin ids"
+    assert np.array_equal(runs.records["version"], twins.records["version"]), what
+    codes = codec.encode(runs.records["vector"])
+    assert np.array_equal(codes, twins.records["vector"]), f"{what}twin codes"

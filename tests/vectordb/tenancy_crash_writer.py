@@ -12,6 +12,7 @@ SEED. The power-cut test runs the same schedules in-process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,11 @@ def base(seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:
     return np.arange(BASE, dtype=np.int64), vectors, rows
 
 
-async def create(directory: str | Path) -> None:
+async def create(directory: str | Path, metric: str = "l2") -> None:
+    """The base index; ``metric`` "cosine" or "ip": one with compact twins (tenant_store)."""
     ids, vectors, rows = base()
-    async with await SpannIndex.create(directory, CONFIG) as index:
+    config = dataclasses.replace(CONFIG, metric=metric)
+    async with await SpannIndex.create(directory, config) as index:
         await index.build(ids, vectors, tenants=rows)
 
 

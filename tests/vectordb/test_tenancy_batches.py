@@ -8,6 +8,9 @@ appended), and so do the merges a revoke leaves behind.
   exact search equals the model's;
 - searches while a large grant or revoke is in flight see every pair acknowledged before they
   started, and none the call in flight does not end with.
+
+Both on an L2 index and on a cosine one (whose shortlists have compact twins, written in the
+same calls: checked whole after every cut, and searched through while calls are in flight).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.vectordb import tenancy_crash_writer as writer
 from tests.vectordb.helpers import run_until_power_cut
-from tests.vectordb.tenancy_check import EXACT, Model, assert_index_matches
+from tests.vectordb.tenancy_check import ALL_TWINS, EXACT, Model, assert_index_matches
 from vectordb import SpannIndex
 
 TENANTS: list[Any] = [*writer.TENANTS, "never-granted"]
@@ -70,10 +74,11 @@ async def _check(directory: Path, acked: int) -> None:
         await assert_index_matches(index, which[-1], TENANTS, ids, f"after {acked} calls: ")
 
 
-def test_power_cut_in_large_grants_revokes_and_their_settling(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_power_cut_in_large_grants_revokes_and_their_settling(tmp_path: Path, metric: str) -> None:
     async def main() -> None:
         dry = tmp_path / "dry"
-        await writer.create(dry)
+        await writer.create(dry, metric)
         acked, starts = await _run(dry, 10**9)
         assert acked == len(OPS)
         await _check(dry, acked)
@@ -86,7 +91,7 @@ def test_power_cut_in_large_grants_revokes_and_their_settling(tmp_path: Path) ->
         tried = []
         for cut_at in points:
             directory = tmp_path / f"cut{cut_at}"
-            await writer.create(directory)
+            await writer.create(directory, metric)
             acked, _ = await _run(directory, int(cut_at))
             tried.append(acked)
             await _check(directory, acked)
@@ -95,11 +100,12 @@ def test_power_cut_in_large_grants_revokes_and_their_settling(tmp_path: Path) ->
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_searches_during_large_grants_and_revokes_see_every_acknowledged_pair(
-    tmp_path: Path,
+    tmp_path: Path, metric: str
 ) -> None:
     async def main() -> None:
-        await writer.create(tmp_path / "i")
+        await writer.create(tmp_path / "i", metric)
         model = _model([])
         queries = np.random.default_rng(2).normal(size=(3, writer.DIM)).astype(np.float32) * 4
         during = 0
@@ -115,11 +121,12 @@ def test_searches_during_large_grants_and_revokes_see_every_acknowledged_pair(
                 low, high = before & after, before | after
                 call = asyncio.ensure_future(_run_op(index, op))
                 while not call.done():
-                    found, _ = await index.search(queries, writer.BASE, EXACT, tenant=tenant)
-                    for row in found.tolist():
-                        got = {i for i in row if i >= 0}
-                        assert got <= high, f"{op[0]}: ids outside access: {got - high}"
-                        assert low <= got, f"{op[0]}: acknowledged ids missing: {low - got}"
+                    for params in (EXACT, ALL_TWINS) if metric != "l2" else (EXACT,):
+                        found, _ = await index.search(queries, writer.BASE, params, tenant=tenant)
+                        for row in found.tolist():
+                            got = {i for i in row if i >= 0}
+                            assert got <= high, f"{op[0]}: ids outside access: {got - high}"
+                            assert low <= got, f"{op[0]}: acknowledged ids missing: {low - got}"
                     during += 1
                 await call
                 found, _ = await index.search(queries, writer.BASE, EXACT, tenant=tenant)

@@ -11,7 +11,7 @@ again when the log is replayed (each is idempotent: a pair already there is not 
 - shortlists + tenant_updates: each tenant's shortlists and how they split and merge;
 - pending_grants: granted pairs whose copies wait for ``settle_pending`` (searches score them
   from their home copies meanwhile);
-- tenant_store: home copies and shortlist runs in ``tenants.dat``.
+- tenant_store: home copies, shortlist runs and their compact twins (sq8) in ``tenants.dat``.
 
 Concurrency: loop thread; changes under the index's update lock; searches (tenant_search) read
 concurrently and filter by the access table after their reads land.
@@ -78,7 +78,7 @@ class Tenancy:
 
     def resident_bytes(self) -> int:
         """What tenancy holds in memory: access table, tree, shortlist maps, run directory."""
-        directory = sum(a.nbytes for a in self.store.lists.snapshot().values())
+        directory = self.store.directory_bytes()  # runs' and twins' directories, codec
         return (
             self.table.resident_bytes()
             + self.tree.resident_bytes()

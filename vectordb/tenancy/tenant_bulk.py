@@ -46,6 +46,7 @@ async def bulk_load(
     leaves = tenancy.tree.descend(prepared)
     del prepared
     store = tenancy.store
+    store.train_codes(stored, tenancy.metric, config.seed)  # before any run is written
     locations = await store.put_home(ids, stored)
     tenancy.table = AccessTable()
     tenancy.table.load(ids, locations, leaves, lengths, tenants)

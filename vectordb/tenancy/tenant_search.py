@@ -7,7 +7,11 @@ shortlists taken hold ``tenant_candidates`` vectors (0: take them all, an exact 
 tenant of at most ``shortlist_limit`` vectors is one shortlist: one read.
 
 The shortlists of the whole batch are read in one submission (a list two queries need is read
-once) into one buffer, and scored where they landed (no record is copied). Every record of
+once) into one buffer, and scored where they landed (no record is copied). A shortlist whose
+compact twin is whole (tenant_store: a byte a dimension, a quarter of the bytes) is read and
+scored as the twin (sq8: one product of the codes with the scaled query), unless the search
+is exact (``tenant_candidates=0``: the runs themselves); distances of twins are those of the
+codes (their error is the codec's step: ~1e-3 on unit vectors). Every record of
 the batch is then checked against the access table, in one pass, *after* the reads land: only
 pairs the query's tenant holds at that moment, at the vector's current location, each id once;
 so a grant or revoke racing the search is never answered wrongly, whatever the runs hold.
@@ -24,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +37,7 @@ from vectordb.metric import distances
 
 if TYPE_CHECKING:
     from vectordb.tenancy.tenancy import Tenancy
+    from vectordb.tenancy.tenant_store import TenantStore
 
 __all__ = ["DEFAULT_CANDIDATES", "runs_read", "tenant_search"]
 
@@ -47,7 +53,8 @@ async def tenant_search(
     pending = _pending(tenancy, tenants)  # with ``chosen``: no await between them
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
-    views, records = await _read(tenancy, union, pending)
+    compact = np.zeros(len(union), bool) if candidates == 0 else tenancy.store.twins(union)
+    views, records = await _read(tenancy, union, compact, pending)
     parts = [[views[i] for i in np.searchsorted(union, p).tolist()] for p in chosen]
     for tenant, pending_ids in pending.items():
         theirs = records[np.isin(records["id"], pending_ids, assume_unique=True)]
@@ -93,12 +100,13 @@ def _pending(tenancy: Tenancy, tenants: np.ndarray) -> dict[int, np.ndarray]:
 
 
 async def _read(
-    tenancy: Tenancy, pids: np.ndarray, pending: dict[int, np.ndarray]
+    tenancy: Tenancy, pids: np.ndarray, compact: np.ndarray, pending: dict[int, np.ndarray]
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """(a view of each shortlist run of ``pids``, the home records of the pending ids), read
-    at once; a home record that holds another id than the one asked for is dropped."""
+    """(a view of each shortlist run of ``pids``, its twin where ``compact``; the home
+    records of the pending ids), read at once; a home record that holds another id than the
+    one asked for is dropped."""
     store = tenancy.store
-    views = store.start_views(pids) if len(pids) else None  # now: see start_views
+    views = _start(store, pids, compact) if len(pids) else None  # now: see start_views
     records = np.zeros(0, store.lists.dtype)
     if pending:
         wanted = np.unique(np.concatenate(list(pending.values())))
@@ -111,6 +119,22 @@ async def _read(
         landed, records = await asyncio.gather(views, home)
         return landed, records[records["id"] == wanted]
     return (await views if views is not None else []), records
+
+
+def _start(store: TenantStore, pids: np.ndarray, compact: np.ndarray) -> Awaitable[list[Any]]:
+    """Both reads submitted now, not at the caller's first await (the directories as of this
+    loop turn: see TenantStore.start_views)."""
+    runs = store.start_views(pids[~compact]) if not compact.all() else None
+    twins = store.start_twin_views(pids[compact]) if compact.any() else None
+
+    async def landed() -> list[np.ndarray]:
+        landed_runs = await runs if runs is not None else []
+        if twins is None:
+            return landed_runs
+        runs_at, twins_at = iter(landed_runs), iter(await twins)
+        return [next(twins_at) if t else next(runs_at) for t in compact.tolist()]
+
+    return landed()
 
 
 def _written(tenancy: Tenancy, pids: list[int]) -> list[int]:
@@ -154,13 +178,12 @@ def _score(
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """The ``k`` nearest distinct ids among the readable records (``keep``) of ``parts``.
     Scored where they landed: a matrix product reads the records' vector fields in place
-    (no copy; the few unreadable ones are scored and dropped)."""
-    metric = tenancy.metric
+    (no copy; the few unreadable ones are scored and dropped); twins by their codes."""
     if len(parts) == 1:
-        ids, dist = parts[0]["id"][keep], distances(metric, query, parts[0]["vector"])[keep]
+        ids, dist = parts[0]["id"][keep], _distances(tenancy, query, parts[0])[keep]
     else:
         ids = np.concatenate([part["id"] for part in parts])[keep]
-        dist = np.concatenate([distances(metric, query, part["vector"]) for part in parts])[keep]
+        dist = np.concatenate([_distances(tenancy, query, part) for part in parts])[keep]
     dist = dist.astype(np.float32, copy=False)
     if len(dist) > 2 * k:
         near = np.argpartition(dist, 2 * k)[: 2 * k]
@@ -169,6 +192,13 @@ def _score(
             return k, *found
     found = _nearest_distinct(ids, dist, k)
     return len(found[0]), *found
+
+
+def _distances(tenancy: Tenancy, query: np.ndarray, part: np.ndarray) -> np.ndarray:
+    codec = tenancy.store.codec
+    if codec is not None and part.dtype == tenancy.store.codes.dtype:
+        return codec.distances(codec.query_terms(query), part["vector"])
+    return distances(tenancy.metric, query, part["vector"])
 
 
 def _nearest_distinct(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,17 @@ own file holds two kinds of lists, numbered from one counter:
   of the vector's location: a copy of an earlier incarnation of a deleted and re-inserted id
   does not match its current location and is not used.
 
+- **compact copies** (``codes``, with an Sq8Codec: ip and cosine indexes of float vectors):
+  every shortlist run has a twin under the same list number in a second directory over the
+  same file and page space, its vectors a byte a dimension (408-byte records at 384
+  dimensions against 1,560): the same ids, versions and order, written in the same call as
+  the run (``write``, ``append``, ``release``), so checkpoints, crashes and the log's replay
+  treat both alike. A search reads a twin in place of its run only while the twin is whole
+  (``twins``: written, same count, no write of the list in flight); else the run.
+
 Disk cost: one record per vector (home) plus one per (vector, tenant) pair, each
-``record_bytes(dim, dtype)``, plus the free space copy-on-write keeps until a checkpoint.
+``record_bytes(dim, dtype)``, plus the twins (``record_bytes(dim, uint8)`` a pair), plus the
+free space copy-on-write keeps until a checkpoint.
 Freed list numbers are reused (a reader that snapshotted the old run still reads the old run:
 PostingStore). Home blocks of deleted vectors are not compacted.
 
@@ -28,8 +37,11 @@ from contextlib import aclosing
 import numpy as np
 
 from tiers.io import CorruptionError, FileHandle, IOEngine, aligned_empty
-from vectordb.posting_format import PAGE_BYTES, decode
+from vectordb.metric import Metric
+from vectordb.posting_format import PAGE_BYTES, decode, pages_for
+from vectordb.posting_reads import PostingRead
 from vectordb.posting_store import PostingBatch, PostingItem, PostingStore
+from vectordb.tenancy.sq8 import Sq8Codec
 
 __all__ = ["POSITION_BITS", "TenantStore", "location_versions"]
 
@@ -37,6 +49,13 @@ POSITION_BITS = 12
 _POSITION_MASK = (1 << POSITION_BITS) - 1
 # a grant reads only a record's own pages, so blocks can be large: fewer lists in the directory
 _HOME_BLOCK_BYTES = 256 << 10
+
+
+async def _landed(read: PostingRead, n: int) -> list[np.ndarray]:
+    async with aclosing(read.groups()) as groups:
+        async for _ in groups:
+            pass
+    return read.views(0, n)
 
 
 def location_versions(locations: np.ndarray) -> np.ndarray:
@@ -47,6 +66,10 @@ def location_versions(locations: np.ndarray) -> np.ndarray:
 class TenantStore:
     def __init__(self, engine: IOEngine, file: FileHandle, dim: int, dtype: str, pages: int):
         self.lists = PostingStore(engine, file, dim, dtype, pages)
+        self.codes = PostingStore(engine, file, dim, "uint8", 0)
+        self.codes.space = self.lists.space  # one file, one allocator: twins beside runs
+        self.codec: Sq8Codec | None = None  # set by ``train_codes``; None: no twins
+        self.writing: dict[int, int] = {}  # list -> writes in flight (its twin is not whole)
         block = _HOME_BLOCK_BYTES // self.lists.rec_bytes
         self.home_records = max(1, min(1 << POSITION_BITS, block))
         self.home_pid = -1  # the block being filled
@@ -62,6 +85,7 @@ class TenantStore:
     def release(self, pid: int) -> None:
         """Forget a shortlist run (its pages are reused after the next checkpoint)."""
         self.lists.drop(pid)
+        self.codes.drop(pid)
         self.free_pids.append(pid)
 
     # ----------------------------------------------------------------- home copies
@@ -140,36 +164,101 @@ class TenantStore:
         """``read_views``, the run directory taken and the read submitted now, not when the
         caller next yields: a run freed and its number reused meanwhile (a split, a merge)
         must not be read under the old number."""
-        read = self.lists.begin_read(np.asarray(pids, np.int64))
-
-        async def landed() -> list[np.ndarray]:
-            async with aclosing(read.groups()) as groups:
-                async for _ in groups:
-                    pass
-            return read.views(0, len(pids))
-
-        return landed()
+        return _landed(self.lists.begin_read(np.asarray(pids, np.int64)), len(pids))
 
     async def write(self, items: list[PostingItem]) -> None:
-        await self.lists.write(items)
+        await self._both(items, append=False)
 
     async def append(self, items: list[PostingItem]) -> None:
-        await self.lists.append(items)
+        await self._both(items, append=True)
+
+    async def _both(self, items: list[PostingItem], append: bool) -> None:
+        """Runs and their twins (a twin whose write did not complete is dropped)."""
+        codec = self.codec
+        if not items:
+            return
+        if codec is None:
+            await (self.lists.append(items) if append else self.lists.write(items))
+            return
+        twins = [
+            PostingItem(i.pid, i.ids, i.versions, codec.encode(i.vectors), i.capacity)
+            for i in items
+        ]
+        pids = [item.pid for item in items]
+        for pid in pids:
+            self.writing[pid] = self.writing.get(pid, 0) + 1
+        done = False
+        try:
+            await (self.lists.append(items) if append else self.lists.write(items))
+            await (self.codes.append(twins) if append else self.codes.write(twins))
+            done = True
+        finally:
+            for pid in pids:
+                left = self.writing[pid] - 1
+                if left:
+                    self.writing[pid] = left
+                else:
+                    del self.writing[pid]
+                if not done:
+                    self.codes.drop(pid)
+
+    def train_codes(self, stored: np.ndarray, metric: Metric, seed: int) -> None:
+        """A codec from the vectors (a bulk load, before its runs are written); twins are
+        kept from then on (none where Sq8Codec.supports says no)."""
+        dtype = self.lists.dtype["vector"].base
+        if len(stored) and Sq8Codec.supports(metric, str(dtype)):
+            self.codec = Sq8Codec.train(stored, seed)
+
+    def twins(self, pids: np.ndarray) -> np.ndarray:
+        """bool per list: its twin is whole now (same records as the run, none in flight)."""
+        pids = np.asarray(pids, np.int64)
+        if self.codec is None or not len(pids):
+            return np.zeros(len(pids), bool)
+        codes = self.codes
+        inside = pids < len(codes.capacity)
+        ok = np.zeros(len(pids), bool)
+        held = pids[inside]
+        ok[inside] = (codes.capacity[held] > 0) & (codes.count[held] == self.lists.count[held])
+        if self.writing:
+            ok &= ~np.isin(pids, np.fromiter(self.writing, np.int64, len(self.writing)))
+        return ok
+
+    def start_twin_views(self, pids: np.ndarray) -> Awaitable[list[np.ndarray]]:
+        """``start_views`` of the twins (call ``twins`` first, in the same loop turn)."""
+        return _landed(self.codes.begin_read(np.asarray(pids, np.int64)), len(pids))
 
     def run_count(self, pid: int) -> int:
         return int(self.lists.count[pid])
 
     def snapshot(self) -> dict[str, np.ndarray]:
-        directory = self.lists.snapshot()
-        return {f"tenant_lists_{name}": array for name, array in directory.items()}
+        out = {f"tenant_lists_{k}": v for k, v in self.lists.snapshot().items()}
+        if self.codec is not None:
+            out.update({f"tenant_codes_{k}": v for k, v in self.codes.snapshot().items()})
+            out.update(self.codec.snapshot())
+        return out
 
     def restore(self, arrays: dict[str, np.ndarray], next_pid: int, home_pid: int) -> None:
-        self.lists.restore(
-            arrays["tenant_lists_start"],
-            arrays["tenant_lists_capacity"],
-            arrays["tenant_lists_count"],
-        )
+        """The directories of a checkpoint; the page space adopts runs and twins at once."""
+        self.codec = Sq8Codec.restore(arrays)
+        stores = [("tenant_lists", self.lists)]
+        if self.codec is not None:
+            stores.append(("tenant_codes", self.codes))
+        used: list[tuple[int, int]] = []
+        for prefix, store in stores:
+            start, capacity = arrays[f"{prefix}_start"], arrays[f"{prefix}_capacity"]
+            store.start, store.capacity = start.copy(), capacity.copy()
+            store.count = arrays[f"{prefix}_count"].copy()
+            live = np.flatnonzero(capacity > 0)
+            pages = pages_for(capacity[live].astype(np.int64), store.rec_bytes)
+            used += zip(start[live].tolist(), pages.tolist(), strict=True)
+        self.lists.space.adopt(used)
         self.next_pid, self.home_pid = next_pid, home_pid
+
+    def directory_bytes(self) -> int:
+        """What the two run directories and the codec hold in memory."""
+        held = [*self.lists.snapshot().values(), *self.codes.snapshot().values()]
+        codec = self.codec.resident_bytes() if self.codec is not None else 0
+        return sum(a.nbytes for a in held) + codec
 
     def disk_bytes(self) -> int:
         """The file's size (it grows a quarter at a time)."""
