@@ -41,7 +41,7 @@ from benchmarks.vectordb._tenancy_peers import Context, K
 from tiers.io import aligned_empty
 from vectordb import IndexConfig, SearchParams, SpannIndex, default_postings
 from vectordb.metric import prepare
-from vectordb.posting_format import PAGE_BYTES, pages_for, record_bytes
+from vectordb.posting_format import PAGE_BYTES, pages_for
 from vectordb.tenancy.tenant_search import runs_read
 
 _FIRST_KPRIME = 100
@@ -159,23 +159,29 @@ class Ours:
     def cold(self, rows: np.ndarray) -> None:
         drop_page_cache(index_files(self.directory))
 
-    def read_bound(self, rows: np.ndarray, value: Any, record_bytes: int | None) -> float:
-        """Seconds to read, cold, in one submission, just the shortlist runs a batch search
-        of ``rows`` at ``value`` reads (tenant_search.runs_read): no tree walk, access check
-        or scoring. ``record_bytes``: as if each record were that long (a compact copy: a
-        bound for quantised runs); None: the runs as they are."""
+    def read_bound(self, rows: np.ndarray, value: Any, runs: bool) -> float:
+        """Seconds to read, cold, in one submission, just what a batch search of ``rows`` at
+        ``value`` reads (tenant_search.runs_read: each shortlist's compact twin where it is
+        whole, else its run): no tree walk, access check or scoring. ``runs``: the full
+        runs instead (float records, what a search read before the twins)."""
         tenancy = self.index.tenancy
         assert tenancy is not None
         prepared = prepare(self.index.metric, self.ctx.queries[rows])
         tenants = tenancy.names.numbers(self.ctx.row_tenant[rows].tolist())
         chosen = runs_read(tenancy, prepared, tenants, value)
         pids = np.unique(np.concatenate([np.zeros(0, np.int64), *map(np.asarray, chosen)]))
-        lists = tenancy.store.lists
-        size = lists.rec_bytes if record_bytes is None else record_bytes
-        pages = pages_for(lists.count[pids].astype(np.int64), size)
+        store = tenancy.store
+        twin = np.zeros(len(pids), bool) if runs or value == 0 else store.twins(pids)
+        lists, codes = store.lists, store.codes
+        pages = pages_for(lists.count[pids].astype(np.int64), lists.rec_bytes)
+        first = lists.start[pids].astype(np.int64)
+        if twin.any():
+            held = pids[twin]
+            pages[twin] = pages_for(codes.count[held].astype(np.int64), codes.rec_bytes)
+            first[twin] = codes.start[held]
         starts = np.concatenate([[0], np.cumsum(pages)])
         buffer = aligned_empty(max(1, int(starts[-1])) * PAGE_BYTES)
-        offsets = lists.start[pids].astype(np.int64) * PAGE_BYTES
+        offsets = first.astype(np.int64) * PAGE_BYTES
         self.cold(rows)
         start = time.perf_counter()
         read = lists.engine.read_batch(
@@ -195,11 +201,6 @@ class Ours:
     def close(self) -> None:
         self.runner.run(self.index.aclose())
         self.runner.close()
-
-
-def sq8_record_bytes(dim: int) -> int:
-    """A record whose vector is one byte a dimension (scalar quantised), other fields as ours."""
-    return record_bytes(dim, "uint8")
 
 
 class SharedFilter:

@@ -235,9 +235,9 @@ def headline(
     ours_small = ours.qps_at("batch", "small") if ours else None
     ivf_small = ivf.qps_at("batch", "small") if ivf else None
     out["tenant_qps_vs_filtered_ivf_small"] = _ratio(ours_small, ivf_small)
-    # the floor under ours: the same recall, only the cold read of the runs its search read
-    # (no CPU at all), as they are and as byte-a-dimension copies (a quantised-runs bound)
-    for mode in ("read_bound", "read_bound_sq8"):
+    # the floor under ours: the same recall, only the cold read of what its search read (no
+    # CPU at all): the compact twins (as it reads them), and the full float runs instead
+    for mode in ("read_bound", "read_bound_f32"):
         bound = ours.qps_at(mode, "small") if ours else None
         out[f"small_{mode}_qps"] = _round(bound)
         out[f"tenant_qps_vs_filtered_ivf_small_{mode}"] = _ratio(bound, ivf_small)
@@ -335,9 +335,9 @@ def verdict_lines(name: str, keys: dict[str, Any], verdict: dict[str, str]) -> s
         line = f"* {key} = {keys.get(key)} (target {how} {bound}): {verdict[key]}"
         if key == "tenant_qps_vs_filtered_ivf_small":
             line += (
-                f"; the cold read alone of the runs ours read at the same recall: "
-                f"{keys.get(key + '_read_bound')}x; as SQ8 copies: "
-                f"{keys.get(key + '_read_bound_sq8')}x"
+                f"; the cold read alone of what ours read at the same recall (compact "
+                f"twins): {keys.get(key + '_read_bound')}x; of the full runs instead: "
+                f"{keys.get(key + '_read_bound_f32')}x"
             )
         if key in ("grant_us", "revoke_us"):
             kind = key.split("_")[0]

@@ -13,7 +13,7 @@ repeated); then ``single`` passes (one query per call, cold first) over the firs
 against the ground truth and the access model: a worker never sees the ground truth); the
 timings, the system's memory and disk figures and the process's peak RSS (VmHWM) are the JSON line
 on stdout. Ours also times, per knob and class under 1%, the cold read of only the runs its batch
-pass read (``read_bound``, and ``read_bound_sq8`` as if the vectors were a byte a dimension).
+pass read (``read_bound``: the compact twins it read; ``read_bound_f32``: the full runs).
 ``--system ours_updates`` times grants, revokes and inserts instead (_tenancy_updates.py).
 """
 
@@ -166,21 +166,18 @@ def _read_bound_passes(
     system: Any, values: list[Any], by_class: list[tuple[int, np.ndarray]], rounds: int,
     found: dict[str, Any],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Ours, tenants under 1%: per knob value and class, the cold read of just the runs the
-    batch pass read (``read_bound``: the floor under that pass), as the runs are and as if
-    their vectors were a byte a dimension (``read_bound_sq8``); the ids are the batch
-    pass's, so each point carries the recall of the search it bounds."""
-    from benchmarks.vectordb._tenancy_ours import sq8_record_bytes
-
-    sq8 = sq8_record_bytes(system.ctx.dim)
+    """Ours, tenants under 1%: per knob value and class, the cold read of just what the
+    batch pass read (``read_bound``: the compact twins, where whole; the floor under that
+    pass), and of the same shortlists' full runs (``read_bound_f32``: float records); the
+    ids are the batch pass's, so each point carries the recall of the search it bounds."""
     passes = []
     for value in values:
         for cls, rows in by_class:
             if cls > 1:  # classes 0 and 1: "small"
                 continue
             batch = f"batch|{label(value)}|{cls}"
-            for mode, size in (("read_bound", None), ("read_bound_sq8", sq8)):
-                walls = [system.read_bound(rows, value, size) for _ in range(rounds)]
+            for mode, runs in (("read_bound", False), ("read_bound_f32", True)):
+                walls = [system.read_bound(rows, value, runs) for _ in range(rounds)]
                 key = f"{mode}|{label(value)}|{cls}"
                 found[key], found[key + "|rows"] = found[batch], found[batch + "|rows"]
                 passes.append(
