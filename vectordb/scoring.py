@@ -61,6 +61,18 @@ class ProbeScores:
         self._norms = np.zeros((n_lists, longest), np.float32) if metric is Metric.L2 else None
         self.corrupt: list[int] = []  # batch lists that failed their check (skip_corrupt)
 
+    def widen(self, longest: int) -> None:
+        """Room for lists of up to ``longest`` records (a list appended to while a chunk read
+        its lists in rounds: search_chunk); between ``add`` calls only."""
+        more = longest - self.dist.shape[1]
+        if more <= 0:
+            return
+        self.dist = np.pad(self.dist, ((0, 0), (0, more)), constant_values=np.inf)
+        self.ids = np.pad(self.ids, ((0, 0), (0, more)), constant_values=-1)
+        self.valid = np.pad(self.valid, ((0, 0), (0, more)), constant_values=False)
+        if self._norms is not None:
+            self._norms = np.pad(self._norms, ((0, 0), (0, more)), constant_values=0.0)
+
     @property
     def live_counts(self) -> np.ndarray:
         """Live records seen in each list."""

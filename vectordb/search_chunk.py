@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vectordb.batch_reads import BatchReads, buffer_bytes
+from vectordb.batch_reads import BatchReads, buffer_bytes, in_file_order
 from vectordb.config import SearchParams
+from vectordb.posting_format import PAGE_BYTES
 from vectordb.posting_reads import PostingRead
 from vectordb.scoring import Access, ProbeScores
 
@@ -61,29 +62,45 @@ async def search_chunk(
         keep = keep | (shared & np.isin(pids, unique))
     probe_query, probe_slot = np.nonzero(keep)
     probe_pid = pids[probe_query, probe_slot]
-    if reads is None:
-        reads = BatchReads(index.store, _buffer_bytes(index, unique))
+    n_groups = 1 if inline else READ_GROUPS
+    lone = inline and len(queries) == 1  # a user's one query: one read, whatever its size
+    rounds, reads = _read_rounds(index, unique, reads, n_groups, lone)
     loop = asyncio.get_running_loop()
     scoring: list[asyncio.Future[None]] = []
+    offset = 0  # batch index of the round's first list
     try:
-        reads.start_missing(unique, 1 if inline else READ_GROUPS)
-        order = reads.pids  # the batch's list order: list_of indexes it
+        if rounds is None:  # every list in one buffer, read at once
+            reads.start_missing(unique, n_groups)
+            order = reads.pids  # the batch's list order: list_of indexes it
+        else:  # rounds, each within the budget's read buffer: the early reads, then the rest
+            order = np.concatenate([reads.pids, *rounds])
         sorter = np.argsort(order)
         list_of = sorter[np.searchsorted(order, probe_pid, sorter=sorter)]
         by_list = np.argsort(list_of, kind="stable")
         probe_query, probe_slot = probe_query[by_list], probe_slot[by_list]
         list_of = list_of[by_list]
         bounds = np.searchsorted(list_of, np.arange(len(order) + 1))
-        scores = ProbeScores(index.metric, queries, probe_query, list_of, bounds, reads.longest)
-        async with aclosing(reads.groups()) as groups:
-            async for read, batch_first, first, stop in groups:
-                lists = read.views(first, stop)
-                ids_live = ProbeScores.live_mask(lists, index.versions)
-                job = (read, scores, batch_first, first, lists, ids_live, params)
-                if inline:
-                    score_group(*job)
-                else:
-                    scoring.append(loop.run_in_executor(index.scorer, score_group, *job))
+        # the reads' own snapshot of the counts (a list may grow or be rewritten meanwhile)
+        longest = reads.longest
+        scores = ProbeScores(index.metric, queries, probe_query, list_of, bounds, longest)
+        for number in range(1 + len(rounds or [])):
+            if number:  # the last round's buffer is free: the next one reuses it
+                reads = BatchReads(index.store, index.memory.read_buffer_bytes or 0)
+                reads.start(rounds[number - 1], n_groups)  # type: ignore[index]
+                scores.widen(reads.longest)  # appended to since the first round: room
+            async with aclosing(reads.groups()) as groups:
+                async for read, batch_first, first, stop in groups:
+                    lists = read.views(first, stop)
+                    ids_live = ProbeScores.live_mask(lists, index.versions)
+                    job = (read, scores, offset + batch_first, first, lists, ids_live, params)
+                    if inline:
+                        score_group(*job)
+                    else:
+                        scoring.append(loop.run_in_executor(index.scorer, score_group, *job))
+            if rounds:  # scored before its buffer is reused
+                await _round_done(index, reads, scores, scoring, offset)
+                offset += len(reads.pids)
+                scoring = []
         if landed is not None:
             landed.set()
         outcomes = await asyncio.gather(*scoring, return_exceptions=True)
@@ -98,15 +115,66 @@ async def search_chunk(
         if isinstance(outcome, BaseException):
             raise outcome
     corrupt_rows = np.asarray(scores.corrupt, np.int64)
-    if index.store.cache is not None:  # lists read (and checked by scoring) may be kept
-        await reads.offer_to(index.store.cache, corrupt_rows)
-    reads.release()  # every read and every view of it is done with
+    if rounds is None:
+        if index.store.cache is not None:  # lists read (and checked by scoring) may be kept
+            await reads.offer_to(index.store.cache, corrupt_rows)
+        reads.release()  # every read and every view of it is done with
     corrupt = order[corrupt_rows]
     live = scores.live_counts
     live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
     note_small_lists(index, order, live)
     ids, dist = scores.best(probe_query, probe_slot, queries, pids.shape[1], k, access)
     return ids, dist, corrupt
+
+
+def _read_rounds(
+    index: SpannIndex, unique: np.ndarray, reads: BatchReads | None, n_groups: int, lone: bool
+) -> tuple[list[np.ndarray] | None, BatchReads]:
+    """(None, the reads to add every list to) where a chunk's lists are read into one buffer;
+    under a memory budget whose read buffer they do not fit (a few queries' lists at a
+    large ``max_postings``: at 43 lists on debian-minilm one query reads ~2 MB, the tight
+    budget's buffer is 1 MiB), (rounds, the first round's reads): the reads started already,
+    then the other lists in file order, cut into rounds each within the read buffer (a list
+    larger than it is a round of its own), read and scored one after another in one reused
+    buffer. A lone query (``lone``) keeps its one read: what a round adds is its latency."""
+    store, limit = index.store, index.memory.read_buffer_bytes
+    started = reads.pids if reads is not None else np.zeros(0, np.int64)
+    if limit is None or lone or buffer_bytes(store, unique, bridge_pages=0) <= limit:
+        return None, reads or BatchReads(store, _buffer_bytes(index, unique))
+    missing = in_file_order(store, np.setdiff1d(unique, started, assume_unique=True))
+    pages = store.pages_of(missing) if len(missing) else np.zeros(0, np.int64)
+    room = max(1, limit // PAGE_BYTES - 1)  # PostingRead's spare page
+    rounds: list[np.ndarray] = []
+    first = 0
+    while first < len(missing):
+        fits = int(np.searchsorted(np.cumsum(pages[first:]), room, side="right"))
+        stop = first + max(1, fits)
+        rounds.append(missing[first:stop])
+        first = stop
+    if reads is None:  # the first round is the first piece
+        reads = BatchReads(store, limit)
+        if rounds:
+            reads.start(rounds.pop(0), n_groups)
+    return rounds, reads
+
+
+async def _round_done(
+    index: SpannIndex,
+    reads: BatchReads,
+    scores: ProbeScores,
+    scoring: list[asyncio.Future[None]],
+    offset: int,
+) -> None:
+    """Wait for a round's scoring, offer its checked lists to the cache, free its buffer."""
+    outcomes = await asyncio.gather(*scoring, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            await reads.finish()
+            raise outcome
+    if index.store.cache is not None:
+        corrupt = np.asarray(scores.corrupt, np.int64) - offset
+        await reads.offer_to(index.store.cache, corrupt[corrupt >= 0])
+    reads.release()
 
 
 def _buffer_bytes(index: SpannIndex, pids: np.ndarray) -> int:
