@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,9 @@ class BudgetPlan:
 
 _FAISS = [4, 8, 16, 32]  # recall 0.85-0.97 on debian-minilm (IVF1024)
 _QUICK_SWEEPS = {"ours": [4, 8, 12], "faiss_ondisk": _FAISS, "faiss_ivf": _FAISS}
-QUICK = BudgetPlan({**_QUICK_SWEEPS, "faiss_hnsw": [10, 16, 32]}, 200, 300, 16, 4.0, 60.0)
+# 90 s a worker: a peer thrashing at the tight limit spends ~40 s on its one-query passes,
+# and what is left bounds its batch (it finished no batch of 500 in 60 s: _budget_report)
+QUICK = BudgetPlan({**_QUICK_SWEEPS, "faiss_hnsw": [10, 16, 32]}, 200, 300, 16, 4.0, 90.0)
 _WIDE = [2, *_FAISS, 64]
 _FULL_SWEEPS = {"ours": [3, 4, 5, 6, 8, 12, 16, 24], "faiss_ondisk": _WIDE, "faiss_ivf": _WIDE}
 FULL = BudgetPlan({**_FULL_SWEEPS, "faiss_hnsw": [10, 16, 32, 64, 128]}, 500, 500, 16, 30, 600)
@@ -125,6 +128,30 @@ def _start(job: Job, capped: bool) -> tuple[subprocess.Popen[str], _cgroup.Cgrou
     return proc, group
 
 
+def _killed_in(started: dict[str, Any], ended_at: float, why: str) -> dict[str, Any]:
+    """The pass a worker was killed in (by the limit's OOM killer or the timeout) after
+    saying it started it: it answered none of its queries from ``started["at"]`` (the
+    worker's clock, seconds since the epoch) to its death, seen here at ``ended_at`` (a few
+    ms late at most: the bound it gives is, if anything, a little low)."""
+    wall_s = max(ended_at - started["at"], 1e-3)
+    return {
+        "mode": started["mode"],
+        "value": started["value"],
+        "queries": 0,
+        "offered": started["offered"],
+        "unfinished": True,
+        "killed": why,
+        "recall": 0.0,
+        "qps": 0.0,
+        "qps_below": round(started["offered"] / wall_s, 2),
+        "wall_s": round(wall_s, 3),
+        "p50_ms": round(wall_s * 1000, 3),
+        "p99_ms": round(wall_s * 1000, 3),
+        "rss_bytes": 0,
+        "anon_bytes": None,
+    }
+
+
 def _finish(
     proc: subprocess.Popen[str], group: _cgroup.Cgroup | None, timeout_s: float
 ) -> dict[str, Any]:
@@ -137,8 +164,11 @@ def _finish(
         failed = f"killed after {timeout_s:.0f} s"
     else:  # -9 with oom_kills > 0: the OOM killer, the group at its limit
         failed = "" if proc.returncode == 0 else f"exit status {proc.returncode}"
+    ended_at = time.time()
     replies = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     out: dict[str, Any] = {"passes": [r["pass"] for r in replies if "pass" in r]}
+    if failed and replies and "started" in replies[-1]:  # killed in the pass it started
+        out["passes"].append(_killed_in(replies[-1]["started"], ended_at, failed))
     for reply in replies:
         out.update(reply.get("setting", {}))  # the default setting, said before the passes
     if replies and "pass" not in replies[-1] and "setting" not in replies[-1]:
@@ -183,6 +213,7 @@ def _worker_cmd(
     cmd = [sys.executable, "-m", _WORKER, "--system", system, *_paths(system, built)]
     cmd += ["--queries", str(files["queries"]), "--gt", str(files["gt"])]
     cmd += ["--keep-open"] if plan.keep_open and system == "ours" else []
+    cmd += ["--worker-s", str(plan.worker_timeout_s)]
     return cmd + (["--light"] if plan.smoke else [])
 
 

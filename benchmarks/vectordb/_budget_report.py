@@ -7,7 +7,12 @@ never does (faiss OnDisk under the tight limit), it is taken at the peer's best:
 measured pass of highest recall over ours' fastest measured pass whose recall is at least that
 (rule ``at_peer_best``; no interpolation, so ours is never credited with a recall it did not
 reach); where ours does not reach the peer's best, or either has no measured pass, there is no
-figure. ``ratio_rules`` says, per key, which rule gave it and both sides' recall and QPS. p50/p99
+figure. Where the peer gave up a batch unfinished (still running when its worker's time ran
+out: it answered none of N queries in T s at a knob, and every larger knob is slower still)
+and none of its finished passes reaches the target, its QPS at the target is below N / T: the
+key is ours' QPS at the target over that, a lower bound (rule ``lower bound``, marked
+``lower_bound``; the verdict passes only if the bound clears the goal).
+``ratio_rules`` says, per key, which rule gave it and both sides' recall and QPS. p50/p99
 latency "at" a target are those of the cheapest setting that reaches it (latency percentiles
 do not interpolate meaningfully). Peak RSS is the worker's ``ru_maxrss`` (it counts the shared
 libraries' mapped pages, so it sits well above the cgroup's charge); the cgroup's peak is what
@@ -104,6 +109,13 @@ def passes_table(run: BudgetRun, budget: str) -> str:
     for system, reply in run.results[budget].items():
         knob = reply.get("knob", "?")
         for p in reply.get("passes", []):
+            if p.get("unfinished"):
+                lines.append(
+                    f"| {system} | {p['mode']} | {knob}={p['value']} | - | < {p['qps_below']:g} "
+                    f"(no batch of {p['offered']} in {p['wall_s']:.1f} s) | - | - "
+                    f"| {p['rss_bytes'] / _MIB:.0f} | {_num(_mib(p.get('anon_bytes')), '.1f')} |"
+                )
+                continue
             lines.append(
                 f"| {system} | {p['mode']} | {knob}={p['value']} | {p['recall']:.4f} "
                 f"| {p['qps']:,.0f} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} "
@@ -150,6 +162,18 @@ def ratio_rule(run: BudgetRun, budget: str, mode: str, peer: str) -> dict[str, A
         out.update(ratio=round(ours / other, 3), rule=f"qps@{target}", ours_qps=round(ours, 1))
         out.update(peer_qps=round(other, 1), ours_recall=target, peer_recall=target)
         return out
+    bound = _unfinished(run, budget, peer, mode)
+    if ours and bound is not None:
+        # the peer's passes that finished stay under the target; from the knob whose batch
+        # did not finish on, each is slower still: at the target its QPS is below the bound
+        below = bound["qps_below"]
+        out.update(ratio=round(ours / below, 3), lower_bound=True, ours_qps=round(ours, 1))
+        out.update(ours_recall=target, peer_qps_below=below, peer_value=bound["value"])
+        out["rule"] = (
+            f"lower bound (peer: no batch of {bound['offered']} in {bound['wall_s']:.0f} s "
+            f"at knob {bound['value']} or above; its QPS < {below:g})"
+        )
+        return out
     mine = _measured(run, budget, "ours", mode) if "ours" in run.results.get(budget, {}) else []
     theirs = _measured(run, budget, peer, mode) if peer in run.results.get(budget, {}) else []
     if mine and not theirs and peer in run.results.get(budget, {}):
@@ -175,6 +199,15 @@ def ratio_rule(run: BudgetRun, budget: str, mode: str, peer: str) -> dict[str, A
     rule = "at_peer_best" if "peer_queries" not in out else f"at_peer_best (<{MIN_QUERIES} q)"
     out.update(ratio=round(fastest["qps"] / best["qps"], 3), rule=rule)
     return out
+
+
+def _unfinished(run: BudgetRun, budget: str, system: str, mode: str) -> dict[str, Any] | None:
+    """The system's pass of the smallest knob that it gave up unfinished (a batch still
+    running when the worker's time ran out: _budget_worker), if any."""
+    if system not in run.results.get(budget, {}):
+        return None
+    given_up = [p for p in _passes(run, budget, system, mode) if p.get("unfinished")]
+    return min(given_up, key=lambda p: p["value"], default=None)
 
 
 def headline(run: BudgetRun) -> dict[str, Any]:
@@ -269,11 +302,15 @@ def verdicts(keys: dict[str, Any]) -> list[str]:
         else:
             word = "PASS" if value >= goal else "MISS"
         shown = "n/a" if value is None else f"{value:.2f}x"
+        if value is not None and rule.get("lower_bound"):
+            shown = f"> {shown} (a lower bound)"  # PASS only where the bound clears the goal
         how = rule.get("rule", "-") + (f" ({rule['why']})" if "why" in rule else "")
         sides = [
             f"{_num(rule.get(f'{side}_recall'), '.4f')} / {_num(rule.get(f'{side}_qps'))}"
             for side in ("ours", "peer")
         ]
+        if "peer_qps_below" in rule:
+            sides[1] = f"- / < {rule['peer_qps_below']:g}"
         out.append(
             f"| {key} >= {goal if goal else '-'} | {shown} | {how} | {sides[0]} | {sides[1]} "
             f"| {word} |"

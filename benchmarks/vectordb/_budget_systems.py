@@ -85,6 +85,11 @@ class Ours:
         ids, _ = self.runner.run(self.index.search(queries, k=k, params=self._params(value)))
         return ids, [time.perf_counter() - start]
 
+    def batch_within(self, queries: np.ndarray, k: int, value: int, limit_s: float) -> Timed:
+        """``batch``: ours' batch is awaited to its end (a worker the parent kills meanwhile
+        reports nothing for it)."""
+        return self.batch(queries, k, value)
+
     def single(self, queries: np.ndarray, k: int, value: int, deadline: float) -> Timed:
         return self.concurrent(queries, k, value, 1, deadline)
 
@@ -157,6 +162,17 @@ class Faiss:
         start = time.perf_counter()
         ids = self._search(queries, k, value)
         return ids, [time.perf_counter() - start]
+
+    def batch_within(self, queries: np.ndarray, k: int, value: int, limit_s: float) -> Timed | None:
+        """``batch``, or None when it has not returned after ``limit_s`` (faiss's search
+        cannot be stopped: it goes on in a daemon thread, and the worker must end without
+        touching the index again: _budget_worker)."""
+        out: list[Timed] = []
+        worker = threading.Thread(target=lambda: out.append(self.batch(queries, k, value)))
+        worker.daemon = True
+        worker.start()
+        worker.join(max(limit_s, 0.0))
+        return out[0] if out else None
 
     def single(self, queries: np.ndarray, k: int, value: int, deadline: float) -> Timed:
         ids = np.full((len(queries), k), -1, np.int64)

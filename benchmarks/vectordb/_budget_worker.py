@@ -36,6 +36,9 @@ from benchmarks.vectordb import _cgroup
 LIBRARIES = ("numpy", "faiss", "vectordb", "torch")
 K = 10
 RECALL_GOAL = 0.9  # the recall the headline QPS figures are taken at
+MIN_QUERIES = 20  # as _budget_report.MIN_QUERIES: a pass with fewer gives no QPS figure
+STARTED = time.perf_counter()  # the worker's start (the parent's limit runs from about here)
+_MARGIN_S = 4.0  # of the worker's time, kept to report after a batch given up
 
 
 def _rss_bytes() -> int:
@@ -88,14 +91,20 @@ def _pass(
     gt: Any,
     limit_s: float,
     cgroup: str | None = None,
+    batch_limit_s: float = float("inf"),
 ) -> dict[str, Any]:
+    """One cold pass; a batch still running after ``batch_limit_s`` is given up
+    (``_unfinished``)."""
     from benchmarks.vectordb._common import recall_at
 
     system.cold()
     start = time.perf_counter()
     deadline = start + limit_s
     if mode == "batch":
-        ids, latencies = system.batch(queries, K, value)
+        timed = system.batch_within(queries, K, value, batch_limit_s)
+        if timed is None:  # not done in time: a bound on its QPS, nothing more
+            return _unfinished(value, len(queries), time.perf_counter() - start, cgroup)
+        ids, latencies = timed
     elif mode == "single":
         ids, latencies = system.single(queries, K, value, deadline)
     else:
@@ -114,6 +123,27 @@ def _pass(
         "p99_ms": _percentile_ms(latencies, 99),
         "rss_bytes": _rss_bytes(),
         "anon_bytes": _anon_bytes(cgroup),  # the group's, after the pass
+    }
+
+
+def _unfinished(value: int, offered: int, wall_s: float, cgroup: str | None) -> dict[str, Any]:
+    """A batch pass that did not return in time: no recall and no latency, only that
+    ``offered`` queries took longer than ``wall_s`` (its QPS is below offered / wall_s at this
+    knob and at every slower one; _budget_report turns that into a bound)."""
+    return {
+        "mode": "batch",
+        "value": value,
+        "queries": 0,
+        "offered": offered,
+        "unfinished": True,
+        "recall": 0.0,
+        "qps": 0.0,
+        "qps_below": round(offered / wall_s, 2),
+        "wall_s": round(wall_s, 3),
+        "p50_ms": round(wall_s * 1000, 3),
+        "p99_ms": round(wall_s * 1000, 3),
+        "rss_bytes": _rss_bytes(),
+        "anon_bytes": _anon_bytes(cgroup),
     }
 
 
@@ -138,6 +168,7 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
     print(json.dumps({"setting": {"default_value": system.default_value}}), file=reply, flush=True)
     counts = {"batch": len(queries), "single": args.single_queries}
     passes, skipped = [], []
+    unfinished = False
     try:
         for mode in args.modes.split(","):
             rows = counts.get(mode, args.conc_queries)
@@ -146,14 +177,26 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
                 # the default setting's one-query pass always runs: recall_at_10_single
                 default = mode == "single" and value == getattr(system, "default_value", None)
                 slow = last and last["wall_s"] > args.pass_s and last["recall"] >= RECALL_GOAL
-                if slow and not default:
+                # a pass cut short with fewer queries than the report counts: larger knobs
+                # are slower still and would give no figure either (a thrashing system spent
+                # the worker's time on them: one query took 35 s at nprobe 32)
+                thin = last and last["wall_s"] > args.pass_s and last["queries"] < MIN_QUERIES
+                if (slow or thin) and not default:
                     # larger knobs: slower still, and the goal is reached; below it a slow
                     # system still gets its next knob, so its QPS at the goal is measured
                     skipped.append({"mode": mode, "value": value})
                     continue
+                # a batch gets what is left of the worker's time, less a margin to report
+                at_s = time.perf_counter() - STARTED
+                left_s = args.worker_s - at_s - _MARGIN_S
+                if mode == "batch":  # said first: a worker killed in it (the limit's OOM
+                    # killer, the parent's timeout) still shows how long it ran unfinished
+                    started = {"mode": mode, "value": value, "offered": rows, "at": time.time()}
+                    print(json.dumps({"started": started}), file=reply, flush=True)
                 done = _pass(
-                    system, mode, value, queries[:rows], gt[:rows], args.pass_s, args.cgroup
-                )
+                    system, mode, value, queries[:rows], gt[:rows], args.pass_s, args.cgroup,
+                    batch_limit_s=left_s,
+                )  # fmt: skip
                 passes.append(done)
                 # each pass at once: a worker killed later (OOM, timeout) still reports it
                 print(json.dumps({"pass": done}), file=reply, flush=True)
@@ -162,9 +205,15 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
                     f", {done['qps']:,.0f} QPS, p50 {done['p50_ms']:.2f} ms",
                     file=sys.stderr, flush=True,
                 )  # fmt: skip
+                if done.get("unfinished"):  # its search still runs: nothing more can be
+                    unfinished = True  # measured, and the index must not be touched
+                    break
+            if unfinished:
+                break
         stats = system.stats()
     finally:
-        system.close()
+        if not unfinished:
+            system.close()
     return {
         "knob": system.knob,
         "default_value": system.default_value,
@@ -174,6 +223,7 @@ def measure(args: argparse.Namespace, baseline_bytes: int, reply: Any) -> dict[s
         "passes": passes,
         "skipped": skipped,
         "opened_anon_bytes": opened_anon,
+        "unfinished": unfinished,
     }
 
 
@@ -195,6 +245,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--probe", action="store_true", help="print the baseline and exit")
     parser.add_argument("--keep-open", action="store_true", help="ours: cold without reopening")
     parser.add_argument("--join", action="store_true", help="join --cgroup after warming up")
+    parser.add_argument(
+        "--worker-s", type=float, default=600.0, help="the parent's limit on this worker"
+    )
     return parser.parse_args(argv)
 
 
@@ -230,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         out.update(measure(args, baseline_bytes, reply))
     out["peak_rss_bytes"] = _peak_rss_bytes()
     print(json.dumps(out), file=reply, flush=True)
+    if out.get("unfinished"):  # a search thread still runs in the library: end here
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,42 @@ def test_no_figure_where_ours_falls_short_or_a_side_has_no_pass() -> None:
     assert keys["single_qps_vs_faiss_ondisk"] is None
     line = next(v for v in verdicts(keys) if v.startswith("| single_qps_vs_faiss_ondisk"))
     assert "n/a" in line
+
+
+def _given_up(value: int, offered: int, wall_s: float) -> dict[str, Any]:
+    return {"mode": "batch", "value": value, "queries": 0, "offered": offered,
+            "unfinished": True, "recall": 0.0, "qps": 0.0, "qps_below": offered / wall_s,
+            "wall_s": wall_s, "p50_ms": wall_s * 1e3, "p99_ms": wall_s * 1e3,
+            "rss_bytes": 0}  # fmt: skip
+
+
+def test_a_peer_batch_given_up_bounds_its_qps_and_the_ratio_from_below() -> None:
+    ours = [_pass("batch", 8, 0.88, 500, 500), _pass("batch", 12, 0.94, 300, 500)]
+    peer = [_pass("batch", 2, 0.70, 40, 500), _given_up(4, 500, 40.0), _given_up(8, 500, 5.0)]
+    run = _run(ours, peer)
+    rule = ratio_rule(run, "tight", "batch", "faiss_ondisk")
+    # the smallest knob given up bounds every larger one: QPS < 500 / 40 s
+    assert rule["lower_bound"] and rule["peer_qps_below"] == 12.5 and rule["peer_value"] == 4
+    assert rule["ours_recall"] == 0.9 and abs(rule["ratio"] - rule["ours_qps"] / 12.5) < 0.01
+    keys = headline(run)
+    line = next(v for v in verdicts(keys) if v.startswith("| batch_qps_vs_faiss_ondisk"))
+    assert "> " in line and "lower bound" in line and "< 12.5" in line and "PASS" in line
+
+
+def test_no_bound_where_the_peer_finished_a_pass_at_the_target() -> None:
+    ours = [_pass("batch", 8, 0.92, 500, 500)]
+    peer = [_pass("batch", 4, 0.91, 50, 500), _given_up(8, 500, 40.0)]
+    rule = ratio_rule(_run(ours, peer), "tight", "batch", "faiss_ondisk")
+    assert rule["rule"] == "qps@0.9" and "lower_bound" not in rule
+
+
+def test_a_worker_killed_in_its_batch_leaves_a_pass_given_up() -> None:
+    from benchmarks.vectordb._budget import _killed_in
+
+    started = {"mode": "batch", "value": 4, "offered": 500, "at": 1000.0}
+    given_up = _killed_in(started, 1040.0, "exit status -9")
+    assert given_up["unfinished"] and given_up["queries"] == 0
+    assert given_up["qps_below"] == 12.5 and given_up["killed"] == "exit status -9"
+    ours = [_pass("batch", 8, 0.93, 400, 500)]
+    rule = ratio_rule(_run(ours, [given_up]), "tight", "batch", "faiss_ondisk")
+    assert rule["lower_bound"] and rule["ratio"] == 32.0
