@@ -167,7 +167,8 @@ async def _tree_batch(
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     index.searches.add(done)
     try:
-        return await tenant_search(require(index), prepared, k, numbers, params.tenant_candidates)
+        candidates = params.tenant_candidates
+        return await tenant_search(require(index), prepared, k, numbers, candidates, index.scorer)
     finally:
         index.searches.discard(done)
         done.set_result(None)

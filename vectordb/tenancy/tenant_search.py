@@ -21,7 +21,9 @@ tenant are scored from their home copies, read in the same go as the shortlists;
 ids are taken with the shortlists, before any await, so every pair acknowledged when the
 search started is in one or the other (a pair being settled may be in both: one result an id).
 
-Concurrency: runs beside other searches and one updater on the loop thread.
+Concurrency: runs beside other searches and one updater on the loop thread; with a
+``scorer`` executor, half of a large batch is scored on it (over the batch's own buffer and
+arrays: nothing shared with other calls) while the loop thread scores the other half.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Awaitable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vectordb.metric import distances
+from vectordb.metric import Metric, distances
+from vectordb.tenancy.sq8 import Sq8Codec
 
 if TYPE_CHECKING:
     from vectordb.tenancy.tenancy import Tenancy
@@ -42,18 +46,26 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_CANDIDATES", "runs_read", "tenant_search"]
 
 DEFAULT_CANDIDATES = 1024  # vectors a query scores by default (recall vs reads: RESULTS.md)
+_SPLIT_QUERIES = 32  # a batch of at least this many queries is scored on two threads
 
 
 async def tenant_search(
-    tenancy: Tenancy, prepared: np.ndarray, k: int, tenants: np.ndarray, candidates: int | None
+    tenancy: Tenancy,
+    prepared: np.ndarray,
+    k: int,
+    tenants: np.ndarray,
+    candidates: int | None,
+    scorer: Executor | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids [Q, k], internal distances [Q, k]) of ``prepared`` queries (float32,
-    metric.prepare) for ``tenants`` (int64 numbers, -1: a tenant with nothing)."""
+    metric.prepare) for ``tenants`` (int64 numbers, -1: a tenant with nothing). ``scorer``:
+    an executor that scores half of a large batch beside the loop thread."""
     chosen = runs_read(tenancy, prepared, tenants, candidates)
     pending = _pending(tenancy, tenants)  # with ``chosen``: no await between them
     lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
     union = np.unique(np.concatenate(lists)).astype(np.int64)
     compact = np.zeros(len(union), bool) if candidates == 0 else tenancy.store.twins(union)
+    codec = tenancy.store.codec  # the codec of the twins read now (a retrain replaces it)
     views, records = await _read(tenancy, union, compact, pending)
     parts = [[views[i] for i in np.searchsorted(union, p).tolist()] for p in chosen]
     for tenant, pending_ids in pending.items():
@@ -70,15 +82,17 @@ async def tenant_search(
             np.concatenate([v["version"] for mine in parts for v in mine]),
             np.repeat(tenants, lengths),
         )
-    ids = np.full((len(prepared), k), -1, np.int64)
-    dist = np.full((len(prepared), k), np.inf, np.float32)  # padded as search pads
-    for q, mine in enumerate(parts):
-        keep = readable[bounds[q] : bounds[q + 1]]
-        if not keep.any():
-            continue
-        found, found_ids, found_dist = _score(tenancy, prepared[q], mine, keep, k)
-        ids[q, :found], dist[q, :found] = found_ids, found_dist
-    return ids, dist
+    out = _Scored(tenancy.metric, codec, prepared, parts, readable, bounds, k)
+    half = len(prepared) // 2
+    if scorer is None or len(prepared) < _SPLIT_QUERIES:
+        out.rows(0, len(prepared))
+        return out.ids, out.dist
+    other = asyncio.get_running_loop().run_in_executor(scorer, out.rows, half, len(prepared))
+    try:
+        out.rows(0, half)
+    finally:
+        await other
+    return out.ids, out.dist
 
 
 def runs_read(
@@ -173,32 +187,60 @@ def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> li
     return taken
 
 
-def _score(
-    tenancy: Tenancy, query: np.ndarray, parts: list[np.ndarray], keep: np.ndarray, k: int
-) -> tuple[int, np.ndarray, np.ndarray]:
-    """The ``k`` nearest distinct ids among the readable records (``keep``) of ``parts``.
-    Scored where they landed: a matrix product reads the records' vector fields in place
-    (no copy; the few unreadable ones are scored and dropped); twins by their codes."""
-    if len(parts) == 1:
-        ids, dist = parts[0]["id"][keep], _distances(tenancy, query, parts[0])[keep]
-    else:
-        ids = np.concatenate([part["id"] for part in parts])[keep]
-        dist = np.concatenate([_distances(tenancy, query, part) for part in parts])[keep]
-    dist = dist.astype(np.float32, copy=False)
+class _Scored:
+    """Each query's ``k`` nearest distinct readable ids among its parts (``rows``: a range of
+    queries; two ranges may run on two threads: each writes its own rows). Records are
+    scored where they landed: a matrix product over the vector fields in place, twins by
+    their codes (``codec``: the one they were read under)."""
+
+    def __init__(
+        self, metric: Metric, codec: Sq8Codec | None, prepared: np.ndarray,
+        parts: list[list[np.ndarray]], readable: np.ndarray, bounds: list[int], k: int,
+    ) -> None:  # fmt: skip
+        self.metric, self.codec, self.prepared = metric, codec, prepared
+        self.parts, self.readable, self.bounds, self.k = parts, readable, bounds, k
+        self.ids = np.full((len(prepared), k), -1, np.int64)
+        self.dist = np.full((len(prepared), k), np.inf, np.float32)  # padded as search pads
+
+    def rows(self, first: int, stop: int) -> None:
+        k, codec, bounds = self.k, self.codec, self.bounds
+        for q in range(first, stop):
+            keep = self.readable[bounds[q] : bounds[q + 1]]
+            if not keep.any():
+                continue
+            query, mine = self.prepared[q], self.parts[q]
+            terms = codec.query_terms(query) if codec is not None else None
+            scored = [self._distances(query, terms, part) for part in mine]
+            if len(mine) == 1:
+                ids, dist = mine[0]["id"][keep], scored[0][keep]
+            else:
+                ids = np.concatenate([part["id"] for part in mine])[keep]
+                dist = np.concatenate(scored)[keep]
+            found_ids, found_dist = _nearest(ids, dist, k)
+            self.ids[q, : len(found_ids)], self.dist[q, : len(found_ids)] = found_ids, found_dist
+
+    def _distances(
+        self, query: np.ndarray, terms: tuple[np.ndarray, float] | None, part: np.ndarray
+    ) -> np.ndarray:
+        if terms is not None and part.dtype["vector"].base == np.uint8:
+            assert self.codec is not None
+            return self.codec.distances(terms, part["vector"])
+        return distances(self.metric, query, part["vector"]).astype(np.float32, copy=False)
+
+
+def _nearest(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` nearest distinct ids (a re-granted id may sit twice: pending and placed, or
+    a stale and a new record of one run)."""
     if len(dist) > 2 * k:
         near = np.argpartition(dist, 2 * k)[: 2 * k]
+        order = near[np.argsort(dist[near], kind="stable")]
+        top = ids[order].tolist()
+        if len(set(top)) == len(top):  # no copies among the 2k nearest: the first k
+            return ids[order[:k]], dist[order[:k]]
         found = _nearest_distinct(ids[near], dist[near], k)
         if len(found[0]) == k:  # else copies of one id crowded the front: take them all
-            return k, *found
-    found = _nearest_distinct(ids, dist, k)
-    return len(found[0]), *found
-
-
-def _distances(tenancy: Tenancy, query: np.ndarray, part: np.ndarray) -> np.ndarray:
-    codec = tenancy.store.codec
-    if codec is not None and part.dtype == tenancy.store.codes.dtype:
-        return codec.distances(codec.query_terms(query), part["vector"])
-    return distances(tenancy.metric, query, part["vector"])
+            return found
+    return _nearest_distinct(ids, dist, k)
 
 
 def _nearest_distinct(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
