@@ -29,8 +29,10 @@ from __future__ import annotations
 import numpy as np
 
 from tiers.io import aligned_empty
+from tiers.io.buffers import array_address
 from tiers.io.engine import FileHandle
 from tiers.io.errors import CorruptionError, StorageError
+from tiers.nvme.checksums import crc32_at
 from tiers.nvme.format import check_bare
 from tiers.nvme.records import RecordIO
 
@@ -62,10 +64,14 @@ async def read_bare(
         moved = await records.engine.read_into(file, offset_bytes, target)
         recycle = not fresh  # the kernel is done with the buffer from here on
         records.bytes_read += moved
-        payload = check_bare(
-            stage[:moved], file.path, offset_bytes, expect_size_bytes=size_bytes,
-            expect_crc32=crc32,
-        )  # fmt: skip
+        payload = stage[:size_bytes]
+        # the CRC at the address the engine already knows (``ctypes.data`` costs ~0.8 us);
+        # anything but a whole record with the entry's CRC goes to check_bare, which raises
+        if moved < size_bytes or crc32_at(payload, array_address(stage)) != crc32:
+            payload = check_bare(
+                stage[:moved], file.path, offset_bytes, expect_size_bytes=size_bytes,
+                expect_crc32=crc32,
+            )  # fmt: skip
         if out is None:
             return payload
         out[:size_bytes] = payload
