@@ -65,9 +65,11 @@ class BudgetPlan:
     plain_nprobe: int  # faiss_plain.py's setting, one of the faiss_ondisk sweep's
     pass_s: float  # a one-query pass stops taking queries after this; a mode after such a pass
     worker_timeout_s: float  # a worker still running then is killed (a thrashing system)
-    # one-query modes first: their passes stop at a deadline, so a thrashing system still
-    # reports them before the worker's time is up; one batch cannot be cut short
-    modes: str = "single,conc8,conc64,batch"
+    # the keyed one-query modes first: their passes stop at a deadline, so a thrashing
+    # system still reports them before the worker's time is up; then the batch, given what
+    # is left (a batch given up bounds the peer's QPS: _budget_worker); conc64 (no key) last:
+    # at 13.7 MiB faiss OnDisk spent the rest of its 90 s in 64 callers' queries
+    modes: str = "single,conc8,batch,conc64"
     smoke: bool = False  # no cgroups, workers at once, own libraries only: fast, figures moot
     # ours opens once per worker, a cold start empties its cache and drops its files' pages
     # (at 2M an opening rebuilds the navigator). On debian-minilm at 13.7 MiB, kept open it
