@@ -22,7 +22,9 @@ from logging.handlers import QueueHandler, QueueListener
 
 import uvicorn
 
+from server.access_log import access_log
 from server.app import create_app
+from server.http_protocol import OneWriteHttpToolsProtocol
 from server.settings import Settings
 
 __all__ = ["serve"]
@@ -31,15 +33,17 @@ __all__ = ["serve"]
 def _configure_logging(level: str) -> QueueListener:
     """Records are queued by the event loop and written by the listener's thread: a write to
     stderr lets go of the GIL, and under load the loop would then wait for a search thread to
-    give it back (up to the 5 ms switch interval) once per request (the access log)."""
+    give it back (up to the 5 ms switch interval) once per request. The access log is written
+    by a thread of its own already (server.access_log): it writes through the same handler
+    (one lock: lines never interleave) without a second hop through the listener's thread."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     listener = QueueListener(records, handler)
     listener.start()
-    for name in ("tierkit", "uvicorn.error"):
+    for name in ("tierkit", "uvicorn.error", access_log.name):
         logger = logging.getLogger(name)
-        logger.handlers[:] = [QueueHandler(records)]
+        logger.handlers[:] = [handler if name == access_log.name else QueueHandler(records)]
         logger.setLevel(level.upper())
         logger.propagate = False
     return listener
@@ -79,6 +83,8 @@ def serve(settings: Settings) -> None:
         # uvloop (a dependency) when importable, else asyncio's loop: the loop in C cut the
         # server's CPU per query at concurrency 64 (issue 16's c64 ratio; RESULTS.md)
         loop="auto",
+        # httptools, each response's header block and body in one write (server.http_protocol)
+        http=OneWriteHttpToolsProtocol,
         log_config=None,  # ours above; uvicorn's access log is replaced by the JSON one
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.graceful_timeout_s)),

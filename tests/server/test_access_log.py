@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pytest
 
@@ -61,3 +62,23 @@ def test_flush_waits_for_the_lines_before_it(held: tuple[AccessWriter, _Held]) -
     handler.gate.set()
     assert writer.flush(5.0)
     assert "r1" in handler.messages[0]
+
+
+def test_lines_go_out_within_the_interval_without_a_flush() -> None:
+    """The loop never wakes the writer: it drains on its own every ``interval_s``."""
+    logger = logging.getLogger("tests.server.access_log.timed")
+    logger.handlers[:] = [handler := _Held()]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler.gate.set()
+    writer = AccessWriter(logger, interval_s=0.02)
+    writer.put(_line(1))
+    deadline = time.monotonic() + 5.0
+    while not handler.messages and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert handler.messages and json.loads(handler.messages[0])["request_id"] == "r1"
+    writer.put(_line(2))
+    writer.put(_line(3))
+    assert writer.flush(5.0)
+    lines = [json.loads(x)["request_id"] for m in handler.messages for x in m.split("\n")]
+    assert lines == ["r1", "r2", "r3"]
