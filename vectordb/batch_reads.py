@@ -122,33 +122,6 @@ class BatchReads:
                 pids, counts = read.pids[lists], read.counts[lists]
                 await cache.admit(pids, read.file_pages[lists], counts, read.page_views(lists))
 
-    def hand_to(self, cache: ListCache, corrupt: np.ndarray) -> None:
-        """Hand the lists read from the device (not those of batch indexes ``corrupt``) to
-        ``cache`` to admit later, with the buffer: released once they are copied (or now,
-        when there is none). Call once every read has finished and was checked."""
-        pids, start, count, views = [], [], [], []
-        for read, offset in zip(self.reads, self.offsets, strict=True):
-            fresh = ~read.cached & (read.page_counts > 0)
-            mine = corrupt[(corrupt >= offset) & (corrupt < offset + len(read.pids))]
-            fresh[mine - offset] = False
-            lists = np.flatnonzero(fresh)
-            if len(lists):
-                pids.append(read.pids[lists])
-                start.append(read.file_pages[lists])
-                count.append(read.counts[lists])
-                views.extend(read.page_views(lists))
-        if not pids:
-            self.release()
-            return
-        cache.admit_later(
-            np.concatenate(pids),
-            np.concatenate(start),
-            np.concatenate(count),
-            views,
-            self._store.unchanged,
-            self.release,
-        )
-
     async def finish(self) -> None:
         """Wait for every read (errors retrieved, not raised)."""
         for read in self.reads:

@@ -17,23 +17,11 @@ Validity: an entry is the copy of a list as it was at (start page, record count)
 changes gets a new start (rewritten) or a new count (appended in place), so a stale entry never
 matches; the store drops the entries of lists it writes (``note_changed``): a list
 rewritten twice could come back to its old start with as many records.
-Off the answer's path: a search hands the lists it read and checked over (``admit_later``)
-and answers at once; they are copied in a callback of the loop, which runs when the caller's
-next search waits for its reads (one query a call on the 2M set reads ~220 lists; copied
-before answering they cost each query a few ms of its ~20). A lookup first copies those of
-its lists still pending, so a search never misses a list an earlier one read. One hand-over
-is pending at most (a new one copies the last first), so one read buffer more than the
-budget's split counts is held meanwhile; ``aclose`` copies what is pending. A list rewritten
-or appended to between its read and its copy is not admitted (``still_same``, at the copy).
 Thread-safety: the index's loop thread only (DramTier's rule).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,23 +29,7 @@ import numpy as np
 from tiers import DramTier
 from tiers.store import POLICIES
 
-__all__ = ["ListCache", "StillSame"]
-
-log = logging.getLogger("tierkit.vectordb")
-# (pids, start pages, record counts) -> which lists are still where and as long as they were
-StillSame = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-@dataclass
-class _Pending:
-    """Lists handed over by a search, not copied yet; ``release`` frees their buffer."""
-
-    pids: np.ndarray
-    start: np.ndarray
-    count: np.ndarray
-    views: list[Any]
-    still_same: StillSame
-    release: Callable[[], None]
+__all__ = ["ListCache"]
 
 
 class ListCache:
@@ -78,7 +50,6 @@ class ListCache:
         self._wanted = np.zeros(0, np.uint16)  # pid -> how often a search needed it (decaying)
         self._wanted_events = 0
         self.hits = self.misses = self.admitted = self.refused = 0
-        self._pending: _Pending | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -87,8 +58,6 @@ class ListCache:
     def lookup(self, pids: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Which of ``pids`` (unique; their current ``start`` and ``count``) have a valid
         copy. Counts the need of every list for admission."""
-        if self._pending is not None:
-            self._admit_pending(np.isin(self._pending.pids, pids))
         self._note_wanted(pids)
         hit = np.zeros(len(pids), bool)
         if self._tier is None or not self._lists:
@@ -118,79 +87,25 @@ class ListCache:
         self, pids: np.ndarray, start: np.ndarray, count: np.ndarray, views: list[Any]
     ) -> None:
         """Offer lists just read and verified (their bytes in ``views``, whole pages)."""
-        self.admit_now(pids, start, count, views)
-
-    def admit_now(
-        self, pids: np.ndarray, start: np.ndarray, count: np.ndarray, views: list[Any]
-    ) -> None:
-        """:meth:`admit`, without a coroutine (the DRAM tier copies synchronously)."""
         tier = self._tier
         if tier is None:
             return
         if self._stale:
-            self._purge()
+            await self._purge()
         for pid, first, n, view in zip(
             pids.tolist(), start.tolist(), count.tolist(), views, strict=True
         ):
             size = len(view)
             if size == 0 or size > self.capacity_bytes or self._has(pid):
                 continue
-            if size > tier.free_bytes and not self._make_room(size, int(self._wanted[pid])):
+            if size > tier.free_bytes and not await self._make_room(size, int(self._wanted[pid])):
                 self.refused += 1
                 continue
             key = str(pid)
-            tier.put_now(key, view)
+            await tier.put(key, view)
             self._policy.admit(key, size, 0.0)
             self._set_tag(pid, first, n)
             self.admitted += 1
-
-    def admit_later(
-        self,
-        pids: np.ndarray,
-        start: np.ndarray,
-        count: np.ndarray,
-        views: list[Any],
-        still_same: StillSame,
-        release: Callable[[], None],
-    ) -> None:
-        """Admit these lists in a callback of the loop (module docstring), then ``release``
-        their buffer; an earlier hand-over is copied first."""
-        self.flush()
-        if self._tier is None:
-            release()
-            return
-        self._pending = _Pending(pids, start, count, views, still_same, release)
-        asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Copy what is pending now, and free its buffer."""
-        pending = self._pending
-        if pending is None:
-            return
-        try:
-            self._admit_pending(np.ones(len(pending.pids), bool))
-        finally:
-            self._pending = None
-            pending.release()
-
-    def _admit_pending(self, chosen: np.ndarray) -> None:
-        """Copy the ``chosen`` pending lists that are as they were read; the rest wait."""
-        pending = self._pending
-        assert pending is not None
-        if not chosen.any():
-            return
-        try:
-            same = chosen & pending.still_same(pending.pids, pending.start, pending.count)
-            rows = np.flatnonzero(same)
-            views = [pending.views[row] for row in rows.tolist()]
-            self.admit_now(pending.pids[rows], pending.start[rows], pending.count[rows], views)
-        except Exception:  # a copy is an optimisation: a search never fails for it
-            log.exception("vectordb: caching posting lists failed")
-        rest = np.flatnonzero(~chosen).tolist()
-        pending.pids, pending.start, pending.count = (
-            pending.pids[rest], pending.start[rest], pending.count[rest]
-        )  # fmt: skip
-        pending.views = [pending.views[row] for row in rest]
 
     def note_changed(self, pids: Any) -> None:
         """Lists rewritten, appended to or removed: their copies are no longer used (their
@@ -199,15 +114,15 @@ class ListCache:
             if self._pop_tag(pid):
                 self._stale.append(str(pid))
 
-    def _purge(self) -> None:
+    async def _purge(self) -> None:
         assert self._tier is not None
         stale, self._stale = self._stale, []
         for key in stale:
             if not self._has(int(key)):  # not admitted again meanwhile
                 self._policy.forget(key)
-                self._tier.delete_now(key)
+                await self._tier.delete(key)
 
-    def _make_room(self, size_bytes: int, wanted: int) -> bool:
+    async def _make_room(self, size_bytes: int, wanted: int) -> bool:
         """Evict colder lists until ``size_bytes`` fit; False (nothing evicted) when the first
         victims are needed at least as often as the newcomer."""
         tier = self._tier
@@ -226,7 +141,7 @@ class ListCache:
         for key in chosen:
             self._policy.forget(key)
             self._pop_tag(int(key))
-            tier.delete_now(key)
+            await tier.delete(key)
         return tier.free_bytes >= size_bytes
 
     def _has(self, pid: int) -> bool:
@@ -269,7 +184,6 @@ class ListCache:
         }
 
     async def aclose(self) -> None:
-        self.flush()
         if self._tier is not None:
             await self._tier.aclose()
         self._tag_start[:] = -1

@@ -106,14 +106,6 @@ class PostingStore:
         """Pages a read of each list takes now."""
         return self._pages(self.count[pids])
 
-    def unchanged(self, pids: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:
-        """Which lists still start at page ``start`` with ``count`` records (a copy of one
-        taken then is its current content: a rewrite moves a list, an append grows it)."""
-        pids = np.asarray(pids, np.int64)
-        inside = pids < len(self.start)
-        at = np.where(inside, pids, 0)
-        return inside & (self.start[at] == start) & (self.count[at] == count)
-
     def _pages(self, records: np.ndarray | int) -> np.ndarray:
         return pages_for(np.asarray(records, np.int64), self.rec_bytes)
 

@@ -116,11 +116,9 @@ async def search_chunk(
             raise outcome
     corrupt_rows = np.asarray(scores.corrupt, np.int64)
     if rounds is None:
-        if index.store.cache is not None:  # lists read (and checked by scoring) may be kept:
-            # copied while the caller's next search waits for its reads, then the buffer freed
-            reads.hand_to(index.store.cache, corrupt_rows)
-        else:
-            reads.release()  # every read and every view of it is done with
+        if index.store.cache is not None:  # lists read (and checked by scoring) may be kept
+            await reads.offer_to(index.store.cache, corrupt_rows)
+        reads.release()  # every read and every view of it is done with
     corrupt = order[corrupt_rows]
     live = scores.live_counts
     live[scores.corrupt] = index.config.merge_threshold + 1  # not small: unreadable
