@@ -97,7 +97,7 @@ async def search_chunk(
                         score_group(*job)
                     else:
                         scoring.append(loop.run_in_executor(index.scorer, score_group, *job))
-            if rounds:  # scored before its buffer is reused
+            if rounds is not None:  # scored, offered and freed before the next round
                 await _round_done(index, reads, scores, scoring, offset)
                 offset += len(reads.pids)
                 scoring = []
