@@ -1,11 +1,14 @@
 """tiers: the async I/O core and the tiered store every tierkit product is built on.
 
-Layers, each a subpackage whose ``__all__`` is its public API, each importing only those
-before it::
+Layers, each a subpackage whose ``__all__`` is its public API, each importing only layers
+above it in this list (memory and nvme sit side by side: neither imports the other;
+tests/test_layering.py enforces it)::
 
-    tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree, and
-                    IORuntime: one engine per loop, executors and buffers every product shares
-    tiers.storage   the Tier contract, growable space, write-ahead log, LMDB helper, dir lock
+    tiers.io        engines (io_uring, thread pool, GDS), buffers, Env, the error tree, the
+                    CPU-thread budget and heap trimming, and IORuntime: one engine per loop,
+                    executors and buffers every product shares
+    tiers.storage   the Tier contract, extent allocator and growable space, write-ahead log,
+                    LMDB helper, dir lock
     tiers.memory    HBM, DRAM and CXL tiers (one arena each), NUMA placement
     tiers.nvme      the persistent tier: checksummed records in extent files, LMDB catalog
     tiers.store     TieredStore, eviction policies, configuration (open_store)

@@ -1,10 +1,10 @@
 """vectordb: a disk-resident SPANN index with SPFresh-style in-place updates.
 
-Heads (about 8% of the vectors: IndexConfig.head_fraction) live in memory behind a navigator;
-every head owns a posting list of nearby vectors on disk (page-aligned, one contiguous read per
-list, read for a whole query batch in one I/O-core submission). Inserts append to lists and
-split them when they grow too long; deletes are tombstones; every acknowledged update is in a
-write-ahead log first.
+Heads (about 8% of the vectors at build: IndexConfig.head_fraction; splits add more) live in
+memory behind a navigator; every head owns a posting list of nearby vectors on disk
+(page-aligned, one contiguous read per list, read for a whole query batch in one I/O-core
+submission). Inserts append to lists and split them when they grow too long; deletes are
+tombstones; every acknowledged update is in a write-ahead log first.
 
     index = await SpannIndex.create(directory, IndexConfig(dim=384, metric="cosine"))
     await index.build(ids, vectors)

@@ -1,10 +1,12 @@
 """Head selection by hierarchical balanced k-means (SPANN's step 1), and 2-means for splits.
 
 ``select_heads`` splits the data recursively with faiss k-means (at most ``BRANCHING`` children
-per split, trained on a sample) until every cluster holds at most about ``1 / head_fraction``
-vectors; each leaf contributes one head: its member nearest the leaf's mean (heads are real
-vectors, as in SPANN). Clusters that k-means leaves lopsided are simply split further, which keeps
-leaves near the target size, the property SPANN's balance penalty exists for.
+per split, trained on a sample) until every cluster holds at most ``_LEAF_LIMIT_OVER_MEAN /
+head_fraction`` vectors (1.9 / head_fraction); leaves come out about half that limit on average,
+so about ``head_fraction`` of the vectors become heads (8% by default). Each leaf contributes
+one head: its member nearest the leaf's mean (heads are real vectors, as in SPANN). Clusters
+that k-means leaves lopsided are simply split further, which keeps leaves near the target size,
+the property SPANN's balance penalty exists for.
 
 Heads come out in the tree's depth-first order, so heads adjacent in that order are near each
 other in space: build numbers posting lists in it and lays them out on disk in it, so lists a

@@ -10,7 +10,10 @@ fastest at recall@10 0.9 on debian-minilm among 2/4/8 replicas and closures 1.25
 (benchmarks/vectordb/placement.py): a batch of queries reads the union of its lists, and a
 replica of a vector deep inside its own list costs bytes for no recall. One knob trades recall for
 speed at search time: ``SearchParams.max_postings`` (how many posting lists a query may read;
-by default ``default_postings(heads)``, 8 for up to 5,000 heads and more for bigger indexes).
+by default the index's own measure, ``SpannIndex.default_max_postings``: the fewest lists that
+find 97% of its own vectors' neighbours (vectordb/probe_rule.py; 43 on debian-minilm, 179 on a
+diffuse 2M mixture), never under ``default_postings(heads)``, the sqrt rule: 8 for up to 5,000
+heads and more for bigger indexes).
 
 Every field is checked for type and range when a config is made (tiers.storage.config_checks:
 an int is an int, never a bool, a float or a string; a boolean is a bool; NaN is refused), and
@@ -161,8 +164,9 @@ class IndexConfig:
 class SearchParams:
     """Per-search settings. ``max_postings`` is the recall/latency knob."""
 
-    # posting lists read per query, nearest heads first; None: default_postings(heads), a
-    # quarter more for a batch of up to 16 queries (search.SMALL_BATCH_QUERIES)
+    # posting lists read per query, nearest heads first; None: the index's measured default
+    # (SpannIndex.default_max_postings, never under default_postings(heads)), a quarter more
+    # for a batch of up to 16 queries (search.SMALL_BATCH_QUERIES)
     max_postings: int | None = None
     prune_ratio: float = 4.0  # skip a list whose head is this many times farther (squared L2)
     # lists after the first max_postings a query also scores when its batch reads them anyway
@@ -185,11 +189,12 @@ class SearchParams:
 
 
 def default_postings(n_heads: int) -> int:
-    """The default ``max_postings`` for an index of ``n_heads`` lists: 8 up to 5,000 heads, then
-    growing as sqrt(heads), since a query's neighbours spread over more, smaller cells as the
-    index grows. Measured (benchmarks/RESULTS.md): 8 lists reach recall@10 0.92 at 5k heads on
-    debian-minilm (0.94 on fashion-mnist); at 160k heads (2M generated vectors) 8 lists reach
-    only 0.62 and 48 reach 0.92 (this gives 45)."""
+    """The floor of the default ``max_postings`` for an index of ``n_heads`` lists (the index
+    measures its own default on its vectors, probe_rule.py, and never goes under this): 8 up
+    to 5,000 heads, then growing as sqrt(heads), since a query's neighbours spread over more,
+    smaller cells as the index grows. Measured (benchmarks/RESULTS.md's history in git): 8
+    lists reach recall@10 0.92 at 5k heads on debian-minilm (0.94 on fashion-mnist); at 160k
+    heads (2M generated vectors) 8 lists reach only 0.62 and 48 reach 0.92 (this gives 45)."""
     return max(8, round(8 * math.sqrt(max(n_heads, 0) / 5000)))
 
 
