@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ class UringEngine(CompletionMixin):
         self.max_files = max_files
         self._ring: Ring | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._new_future: Any = None
         self._eventfd = -1
         self._fixed_files = False
         self._free_file_slots: list[int] = []
@@ -139,6 +141,11 @@ class UringEngine(CompletionMixin):
             raise
         self._fixed_files = self._register_file_table(ring)
         self._loop = loop
+        self._new_future = (
+            functools.partial(asyncio.Future, loop=loop)  # the same future, a Python call fewer
+            if type(loop).create_future is asyncio.BaseEventLoop.create_future
+            else loop.create_future
+        )
         self._ring = ring
         self._compiled = CompiledDriver.create(self, ring)
         return ring
