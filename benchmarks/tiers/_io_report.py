@@ -13,6 +13,7 @@ from typing import Any
 from benchmarks.common.measure import Config, Sample, median, spread
 
 PATH_ORDER = ("fio", "uring", "thread", "aiofiles", "uring_tasks", "thread_tasks")
+PATH_ORDER += ("uring_tasks_uvloop",)
 
 # (name, kind, config key, threshold): "ratio" = uring / fio per round, "cpu" = uring / fio
 # CPU per I/O (at most), "aiofiles" = uring / aiofiles per round.
@@ -85,6 +86,10 @@ def headline(
             figures[f"{path}_tasks_vs_fio_4k_qd32"] = _r(
                 median(round_ratios(samples, "4k_qd32", tasks_path, "fio"))
             )
+    if _of(samples, "4k_qd32", "uring_tasks_uvloop"):  # the tasks drive on uvloop's loop
+        figures["uring_tasks_uvloop_vs_fio_4k_qd32"] = _r(
+            median(round_ratios(samples, "4k_qd32", "uring_tasks_uvloop", "fio"))
+        )
     figures["uring_vs_aiofiles_4k_qd32"] = _r(
         median(round_ratios(samples, "4k_qd32", "uring", "aiofiles"))
     )

@@ -34,7 +34,9 @@ only; about 75 s here plus a few seconds to write the file)::
     .venv/bin/python -m benchmarks.tiers.io_engine --quick
 
 The quick run also runs the tasks drive at 4 KiB QD32 for both engines in every round (paths
-``uring_tasks`` and ``thread_tasks``, beside the same round's fio), whatever ``--drive`` says.
+``uring_tasks`` and ``thread_tasks``, beside the same round's fio), whatever ``--drive`` says,
+on asyncio's own loop (what ``asyncio.run`` gives a user), and ``uring_tasks_uvloop``: the same
+on uvloop's loop (a dependency; the loop tierkit's server runs on), to show what the loop costs.
 ``--configs 4k_qd32 --paths fio,uring,uring_tasks`` runs only those rows (for iterating).
 
 Full mode (4 GiB file, 5 rounds of 5 s runs, about 15-20 minutes)::
@@ -49,15 +51,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiofiles
 import numpy as np
+
+try:
+    import uvloop
+except ImportError:  # a main dependency, but not on every platform
+    uvloop = None
 
 from benchmarks.common.fio import ensure_fio, run_fio
 from benchmarks.common.measure import (
@@ -82,7 +91,9 @@ from benchmarks.tiers._io_report import headline, print_report
 from tiers.io import IOEngine, ThreadEngine, UringEngine, aligned_empty
 
 PATHS = ("fio", "uring", "thread", "aiofiles")
-TASKS_PATHS = ("uring_tasks", "thread_tasks")  # the tasks drive, beside any --drive (quick)
+# the tasks drive, beside any --drive (quick); "uring_tasks_uvloop": the same on uvloop's loop
+TASKS_PATHS = ("uring_tasks", "thread_tasks", "uring_tasks_uvloop")
+RANDOM_CYCLE = 4096  # RandomOffsets' rows: ``take`` walks the same 4096 offsets in a cycle
 TASKS_KEY = "4k_qd32"
 DEFAULT_DIR = OUT_DIR
 
@@ -138,14 +149,25 @@ async def _engine_lane(
         meter.ios += len(moved)
 
 
+def _offset_stream(cfg: Config, offsets: Any) -> Iterator[int]:
+    """One worker's offsets, one I/O at a time. Random ones are drawn up front (the cycle
+    ``take`` walks anyway), so a worker pays a list step per I/O rather than a numpy row
+    view and scalar (~0.4 us), as fio draws its offsets in C; a sequential cursor is shared
+    by the workers, so it is still asked per I/O."""
+    if cfg.is_random:
+        return itertools.cycle([int(offsets.take()[0]) for _ in range(RANDOM_CYCLE)])
+    return iter(lambda: int(offsets.take()[0]), -1)
+
+
 async def _engine_task(
     engine: IOEngine, file: Any, cfg: Config, offsets: Any, meter: Meter
 ) -> None:
     size = cfg.block_size_bytes
     slot = _filled_buffer(size)
     transfer = engine.write_from if cfg.is_write else engine.read_into
+    stream = _offset_stream(cfg, offsets)
     while not meter.stop:
-        moved = await transfer(file, int(offsets.take()[0]), slot)
+        moved = await transfer(file, next(stream), slot)
         if moved != size:
             raise RuntimeError(f"{engine.name}: short transfer {moved} (want {size})")
         meter.ios += 1
@@ -154,7 +176,7 @@ async def _engine_task(
 async def _run_engine(kind: str, cfg: Config, run: Run, seed: int) -> Window:
     engine_type = UringEngine if kind.startswith("uring") else ThreadEngine
     engine = engine_type(queue_depth=cfg.queue_depth)
-    if run.drive == "tasks" or kind.endswith("_tasks"):
+    if run.drive == "tasks" or "_tasks" in kind:
         return await _run_engine_tasks(engine, cfg, run, seed)
     stream = run.drive == "stream" and cfg.queue_depth > 1
     lanes, batch = (2, STREAM_BATCH) if stream else (cfg.lanes, cfg.batch_size)
@@ -190,9 +212,10 @@ async def _aiofiles_task(path: Path, cfg: Config, offsets: Any, meter: Meter) ->
     size = cfg.block_size_bytes
     slot = _filled_buffer(size)
     mode = "r+b" if cfg.is_write else "rb"
+    stream = _offset_stream(cfg, offsets)
     async with aiofiles.open(path, mode, buffering=0, opener=_direct_opener) as file:
         while not meter.stop:
-            await file.seek(int(offsets.take()[0]))
+            await file.seek(next(stream))
             moved = await (file.write(slot) if cfg.is_write else file.readinto(slot))
             if moved != size:
                 raise RuntimeError(f"aiofiles: short transfer {moved} (want {size})")
@@ -224,7 +247,7 @@ def run_one(path: str, cfg: Config, run: Run, round_index: int) -> Sample:
             if path == "aiofiles"
             else _run_engine(path, cfg, run, seed)
         )
-        window = asyncio.run(coro)
+        window = uvloop.run(coro) if path.endswith("_uvloop") else asyncio.run(coro)
         iops, cpu_us = window.ios / window.elapsed_s, window.cpu_s * 1e6 / window.ios
     return Sample(path, cfg.key, round_index, iops, iops * cfg.block_size_bytes, cpu_us, load1)
 
@@ -232,6 +255,8 @@ def run_one(path: str, cfg: Config, run: Run, round_index: int) -> Sample:
 def paths_for(cfg: Config, quick: bool, only: tuple[str, ...] | None) -> list[str]:
     """The paths one config runs: every path, plus the tasks drive at 4k QD32 in quick mode."""
     paths = list(PATHS) + (list(TASKS_PATHS) if quick and cfg.key == TASKS_KEY else [])
+    if uvloop is None:
+        paths = [p for p in paths if not p.endswith("_uvloop")]
     return [p for p in paths if only is None or p in only]
 
 
