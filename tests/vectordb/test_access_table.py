@@ -27,7 +27,17 @@ def _check(table: AccessTable, model: dict[int, tuple[int, int, set[int]]]) -> N
         locs = np.array([model[int(v)][0] if int(v) in model else 0 for v in probe])
         readable = table.readable(probe, location_versions(locs), tenant)
         assert (readable == want).all()
+        # a copy of an earlier incarnation (another location's version) is never readable
+        assert not table.readable(probe, location_versions(locs + 1), tenant).any()
         assert table.count(tenant) == sum(tenant in e[2] for e in model.values())
+    # a batch's check: a tenant per record, each probe asked for every tenant at once
+    owners = np.repeat(np.arange(6), len(probe))
+    many = np.tile(probe, 6)
+    locs = np.array([model[int(v)][0] if int(v) in model else 0 for v in many])
+    want_all = [
+        int(v) in model and t in model[int(v)][2] for v, t in zip(many, owners, strict=True)
+    ]
+    assert (table.readable_by(many, location_versions(locs), owners) == want_all).all()
     found, loc, leaf = table.lookup(probe)
     for v, f, lo, le in zip(probe.tolist(), found, loc, leaf, strict=True):
         assert f == (v in model)

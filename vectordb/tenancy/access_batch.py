@@ -2,7 +2,9 @@
 
 A grant or revoke of many ids searches the table's arrays once for the batch (a search per id
 took most of a batch grant's time); what changes is one Entry per id in the table's dict of
-changes, as single changes are. Thread-safety: loop thread only (the table's).
+changes, as single changes are. A search's access check of every record it read is one
+compiled pass over the arrays (``may_read``: the numpy form took ~100 ns a record, most of a
+small tenant batch's CPU). Thread-safety: loop thread only (the table's).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+from numba import njit
 
 if TYPE_CHECKING:
     from vectordb.tenancy.access_table import AccessTable
 
-__all__ = ["Entry", "change_pairs", "entries", "narrow", "sort_runs"]
+__all__ = ["Entry", "change_pairs", "entries", "may_read", "narrow", "sort_runs"]
 
 
 class Entry(NamedTuple):
@@ -84,3 +87,43 @@ def sort_runs(values: np.ndarray, ptr: np.ndarray) -> None:
     run = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
     order = np.lexsort((values, run))
     values[:] = values[order]
+
+
+def may_read(
+    table: AccessTable, ids: np.ndarray, tenants: np.ndarray, versions: np.ndarray | None
+) -> np.ndarray:
+    """Mask over the table's arrays (not its dict of changes): may ``tenants[i]`` read
+    ``ids[i]``, and (``versions`` given) is its home location's version ``versions[i]``?"""
+    out = np.zeros(len(ids), bool)
+    dense = table._first is not None
+    checked = np.zeros(0, np.uint32) if versions is None else np.asarray(versions, np.uint32)
+    _may_read(
+        np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(tenants, np.int64), checked,
+        versions is not None, table._first if dense else 0, dense, table.ids, table.n_rows,
+        table.loc, table.ptr, table.tenants, out,
+    )  # fmt: skip
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _may_read(  # type: ignore[no-untyped-def,unused-ignore]
+    ids, tenants, versions, with_versions, first, dense, table_ids, n_rows, loc, ptr,
+    table_tenants, out,
+):  # fmt: skip
+    for i in range(len(ids)):
+        vid = ids[i]
+        if dense:
+            pos = vid - first
+            if pos < 0 or pos >= n_rows:
+                continue
+        else:
+            pos = np.searchsorted(table_ids, vid)
+            if pos >= n_rows or table_ids[pos] != vid:
+                continue
+        if with_versions and np.uint32(np.int64(loc[pos]) & 0xFFFFFFFF) != versions[i]:
+            continue  # a copy of an earlier incarnation does not count
+        tenant = tenants[i]
+        for m in range(np.int64(ptr[pos]), np.int64(ptr[pos + 1])):
+            if table_tenants[m] == tenant:
+                out[i] = True
+                break

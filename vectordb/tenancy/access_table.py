@@ -86,17 +86,7 @@ class AccessTable:
         ids = np.asarray(ids, np.int64)
         out = np.zeros(len(ids), bool)
         if self.n_rows and len(ids):
-            pos, found = self._find(ids)
-            if versions is not None:  # a copy of an earlier incarnation does not count
-                loc = self.loc[pos] if self.loc.dtype == np.uint32 else self.loc[pos] & 0xFFFFFFFF
-                found &= loc == versions
-            hit = np.flatnonzero(found)
-            starts = self.ptr[pos[hit]].astype(np.int64)
-            lengths = self.ptr[pos[hit] + 1].astype(np.int64) - starts
-            rows = np.repeat(np.arange(len(hit)), lengths)
-            offsets = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            mine = self.tenants[np.repeat(starts, lengths) + offsets] == tenants[hit[rows]]
-            out[hit[rows[mine]]] = True
+            out = access_batch.may_read(self, ids, tenants, versions)
         if self.delta:
             for i in np.flatnonzero(np.isin(ids, self._delta_array())).tolist():
                 entry = self.delta[int(ids[i])]

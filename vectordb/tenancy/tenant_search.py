@@ -1,20 +1,21 @@
 """Tenant search: each query reads its tenant's nearest shortlists and scores them exactly.
 
-Per query (one tenant each), best-first over the tenant's own tree (Curator): from the root,
-pop the node nearest the query (squared L2 to its centroid, in the prepared space); a shortlist
-is taken whole, an internal node's children that the tenant has are pushed; stop once the
-shortlists taken hold ``tenant_candidates`` vectors (0: take them all, an exact search). A
-tenant of at most ``shortlist_limit`` vectors is one shortlist: one read.
+Per query (one tenant each), best-first over the tenant's own tree (Curator: tenant_walk,
+one compiled walk for the batch); stop once the shortlists taken hold ``tenant_candidates``
+vectors (0: take them all, an exact search). A tenant of at most ``shortlist_limit`` vectors
+is one shortlist: one read.
 
 The shortlists of the whole batch are read in one submission (a list two queries need is read
-once) into one buffer, and scored where they landed (no record is copied). A shortlist whose
-compact twin is whole (tenant_store: a byte a dimension, a quarter of the bytes) is read and
-scored as the twin (sq8: one product of the codes with the scaled query), unless the search
-is exact (``tenant_candidates=0``: the runs themselves); distances of twins are those of the
-codes (their error is the codec's step: ~1e-3 on unit vectors). Every record of
-the batch is then checked against the access table, in one pass, *after* the reads land: only
-pairs the query's tenant holds at that moment, at the vector's current location, each id once;
-so a grant or revoke racing the search is never answered wrongly, whatever the runs hold.
+once) and scored where they landed (no record is copied). A shortlist whose compact twin is
+whole (tenant_store: a byte a dimension, a quarter of the bytes) is read and scored as the
+twin (sq8: one product of the codes with the scaled query), unless the search is exact
+(``tenant_candidates=0``: the runs themselves); distances of twins are those of the codes
+(their error is the codec's step: ~1e-3 on unit vectors). Every record of the batch is then
+checked against the access table, in one pass, *after* the reads land: only pairs the
+query's tenant holds at that moment, at the vector's current location, each id once; so a
+grant or revoke racing the search is never answered wrongly, whatever the runs hold. The
+records' ids, the scoring and each query's top k run as compiled passes over the whole batch
+(tenant_kernels): no Python per query.
 
 Pending grants (pending_grants: acknowledged, not yet copied into shortlists) of a query's
 tenant are scored from their home copies, read in the same go as the shortlists; the pending
@@ -22,31 +23,37 @@ ids are taken with the shortlists, before any await, so every pair acknowledged 
 search started is in one or the other (a pair being settled may be in both: one result an id).
 
 Concurrency: runs beside other searches and one updater on the loop thread; with a
-``scorer`` executor, half of a large batch is scored on it (over the batch's own buffer and
+``scorer`` executor, half of a large batch is scored on it (over the batch's own buffers and
 arrays: nothing shared with other calls) while the loop thread scores the other half.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 from collections.abc import Awaitable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vectordb.metric import Metric, distances
-from vectordb.tenancy.sq8 import Sq8Codec
+from vectordb.metric import Metric
+from vectordb.tenancy import tenant_kernels
+from vectordb.tenancy.tenant_walk import choose
 
 if TYPE_CHECKING:
+    from vectordb.posting_reads import PostingRead
     from vectordb.tenancy.tenancy import Tenancy
-    from vectordb.tenancy.tenant_store import TenantStore
 
 __all__ = ["DEFAULT_CANDIDATES", "runs_read", "tenant_search"]
 
 DEFAULT_CANDIDATES = 1024  # vectors a query scores by default (recall vs reads: RESULTS.md)
 _SPLIT_QUERIES = 32  # a batch of at least this many queries is scored on two threads
+# a batch's reads go in up to this many groups, each checked (posting_format) as it lands
+# while the others are in flight (one group: the whole check came after the last read)
+_READ_GROUPS = 8
+_LISTS_A_GROUP = 16
+_NO_WORDS = np.zeros(1, np.uint64)
+_RUNS, _TWINS, _PENDING = 0, 1, 2  # where a part's records are (tenant_kernels' sources)
 
 
 async def tenant_search(
@@ -60,39 +67,30 @@ async def tenant_search(
     """(ids [Q, k], internal distances [Q, k]) of ``prepared`` queries (float32,
     metric.prepare) for ``tenants`` (int64 numbers, -1: a tenant with nothing). ``scorer``:
     an executor that scores half of a large batch beside the loop thread."""
-    chosen = runs_read(tenancy, prepared, tenants, candidates)
+    tenants = np.asarray(tenants, np.int64)
+    budget = DEFAULT_CANDIDATES if candidates is None else candidates
+    ptr, chosen = choose(tenancy, prepared, tenants, budget)
     pending = _pending(tenancy, tenants)  # with ``chosen``: no await between them
-    lists = [np.asarray(c, np.int64) for c in chosen] or [np.zeros(0, np.int64)]
-    union = np.unique(np.concatenate(lists)).astype(np.int64)
-    compact = np.zeros(len(union), bool) if candidates == 0 else tenancy.store.twins(union)
-    codec = tenancy.store.codec  # the codec of the twins read now (a retrain replaces it)
-    views, records = await _read(tenancy, union, compact, pending)
-    parts = [[views[i] for i in np.searchsorted(union, p).tolist()] for p in chosen]
-    for tenant, pending_ids in pending.items():
-        theirs = records[np.isin(records["id"], pending_ids, assume_unique=True)]
-        for q in np.flatnonzero(tenants == tenant).tolist():
-            parts[q].append(theirs)
-    # one access check for every record of every query (after the reads landed)
-    lengths = [sum(len(v) for v in mine) for mine in parts]
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    readable = np.zeros(0, bool)
-    if bounds[-1]:
-        readable = tenancy.table.readable_by(
-            np.concatenate([v["id"] for mine in parts for v in mine]),
-            np.concatenate([v["version"] for mine in parts for v in mine]),
-            np.repeat(tenants, lengths),
-        )
-    out = _Scored(tenancy.metric, codec, prepared, parts, readable, bounds, k)
+    union = np.unique(chosen)
+    store = tenancy.store
+    compact = np.zeros(len(union), bool) if candidates == 0 else store.twins(union)
+    codec = store.codec  # the codec of the twins read now (a retrain replaces it)
+    runs, twins, records = await _read(tenancy, union, compact, pending)
+    batch = _Batch(tenancy, prepared, tenants, k)
+    batch.lay_out(union, compact, runs, twins, ptr, np.searchsorted(union, chosen))
+    batch.add_pending(records, pending)
+    batch.check()  # one access check for every record of every query (after the reads landed)
+    batch.prepare_scoring(codec if compact.any() else None)
     half = len(prepared) // 2
     if scorer is None or len(prepared) < _SPLIT_QUERIES:
-        out.rows(0, len(prepared))
-        return out.ids, out.dist
-    other = asyncio.get_running_loop().run_in_executor(scorer, out.rows, half, len(prepared))
+        batch.rows(0, len(prepared))
+        return batch.ids, batch.dist
+    other = asyncio.get_running_loop().run_in_executor(scorer, batch.rows, half, len(prepared))
     try:
-        out.rows(0, half)
+        batch.rows(0, half)
     finally:
         await other
-    return out.ids, out.dist
+    return batch.ids, batch.dist
 
 
 def runs_read(
@@ -101,8 +99,8 @@ def runs_read(
     """The shortlist runs (pids, nearest first) each query's search reads (the tenancy
     benchmark times reading just these, cold: the floor of a search of these queries)."""
     budget = DEFAULT_CANDIDATES if candidates is None else candidates
-    pairs = zip(prepared, tenants, strict=True)
-    return [_written(tenancy, _choose(tenancy, q, int(t), budget)) for q, t in pairs]
+    ptr, chosen = choose(tenancy, prepared, np.asarray(tenants, np.int64), budget)
+    return [chosen[a:b].tolist() for a, b in zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True)]
 
 
 def _pending(tenancy: Tenancy, tenants: np.ndarray) -> dict[int, np.ndarray]:
@@ -115,136 +113,122 @@ def _pending(tenancy: Tenancy, tenants: np.ndarray) -> dict[int, np.ndarray]:
 
 async def _read(
     tenancy: Tenancy, pids: np.ndarray, compact: np.ndarray, pending: dict[int, np.ndarray]
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """(a view of each shortlist run of ``pids``, its twin where ``compact``; the home
-    records of the pending ids), read at once; a home record that holds another id than the
-    one asked for is dropped."""
+) -> tuple[PostingRead | None, PostingRead | None, np.ndarray]:
+    """(the runs of ``pids`` not ``compact``, the twins of those that are, each landed
+    whole; the home records of the pending ids), read at once; a home record that holds
+    another id than the one asked for is dropped. Both reads are submitted now, not at the
+    first await (the directories as of this loop turn: see TenantStore.start_views)."""
     store = tenancy.store
-    views = _start(store, pids, compact) if len(pids) else None  # now: see start_views
-    records = np.zeros(0, store.lists.dtype)
+    waits: list[Awaitable[Any]] = []
+    groups = max(1, min(_READ_GROUPS, len(pids) // _LISTS_A_GROUP))
+    if not compact.all():
+        waits.append(store.start_run_read(pids[~compact], groups))
+    if compact.any():
+        waits.append(store.start_twin_read(pids[compact], groups))
+    wanted = np.zeros(0, np.int64)
     if pending:
         wanted = np.unique(np.concatenate(list(pending.values())))
         held, locations, _ = tenancy.table.lookup(wanted)
         wanted, locations = wanted[held], locations[held]
-        home = store.read_home_records(wanted, locations)  # home copies stay where they are
-        if views is None:
-            records = await home
-            return [], records[records["id"] == wanted]
-        landed, records = await asyncio.gather(views, home)
-        return landed, records[records["id"] == wanted]
-    return (await views if views is not None else []), records
+        waits.append(store.read_home_records(wanted, locations))  # home copies stay put
+    landed = list(await asyncio.gather(*waits))
+    runs = landed.pop(0) if not compact.all() else None
+    twins = landed.pop(0) if compact.any() else None
+    records = landed.pop(0) if pending else np.zeros(0, store.lists.dtype)
+    return runs, twins, records[records["id"] == wanted] if pending else records
 
 
-def _start(store: TenantStore, pids: np.ndarray, compact: np.ndarray) -> Awaitable[list[Any]]:
-    """Both reads submitted now, not at the caller's first await (the directories as of this
-    loop turn: see TenantStore.start_views)."""
-    runs = store.start_views(pids[~compact]) if not compact.all() else None
-    twins = store.start_twin_views(pids[compact]) if compact.any() else None
+class _Batch:
+    """The arrays tenant_kernels take for one batch: each query's parts (CSR over entries
+    of (source, byte offset, records)), the sources' buffers, the records' access mask; and
+    the answer (``rows``: a range of queries; two ranges may run on two threads)."""
 
-    async def landed() -> list[np.ndarray]:
-        landed_runs = await runs if runs is not None else []
-        if twins is None:
-            return landed_runs
-        runs_at, twins_at = iter(landed_runs), iter(await twins)
-        return [next(twins_at) if t else next(runs_at) for t in compact.tolist()]
-
-    return landed()
-
-
-def _written(tenancy: Tenancy, pids: list[int]) -> list[int]:
-    """Drop shortlists whose first run is still being written (a grant not yet acknowledged:
-    its pairs are not visible yet)."""
-    capacity = tenancy.store.lists.capacity
-    return [p for p in pids if p < len(capacity) and capacity[p] > 0]
-
-
-def _choose(tenancy: Tenancy, query: np.ndarray, tenant: int, budget: int) -> list[int]:
-    """The pids of the shortlists ``query`` reads, nearest first."""
-    if tenant < 0:
-        return []
-    root = tenancy.shortlists.root(tenant)
-    if root is not None:
-        return [root.pid]
-    shortlists = tenancy.shortlists.view(tenant)
-    if not shortlists:
-        return []
-    tree = tenancy.tree
-    heap: list[tuple[float, int]] = [(0.0, 0)]
-    taken: list[int] = []
-    held = 0
-    while heap and (budget == 0 or held < budget):
-        _, node = heapq.heappop(heap)
-        entry = shortlists[node]
-        if entry is not None:
-            taken.append(entry.pid)
-            held += entry.live
-            continue
-        kids = [c for c in tree.children(node) if c in shortlists]
-        centres = tree.centroids[kids].astype(np.float32)
-        diff = centres - query
-        for child, dist in zip(kids, np.einsum("ij,ij->i", diff, diff).tolist(), strict=True):
-            heapq.heappush(heap, (dist, child))
-    return taken
-
-
-class _Scored:
-    """Each query's ``k`` nearest distinct readable ids among its parts (``rows``: a range of
-    queries; two ranges may run on two threads: each writes its own rows). Records are
-    scored where they landed: a matrix product over the vector fields in place, twins by
-    their codes (``codec``: the one they were read under)."""
-
-    def __init__(
-        self, metric: Metric, codec: Sq8Codec | None, prepared: np.ndarray,
-        parts: list[list[np.ndarray]], readable: np.ndarray, bounds: list[int], k: int,
-    ) -> None:  # fmt: skip
-        self.metric, self.codec, self.prepared = metric, codec, prepared
-        self.parts, self.readable, self.bounds, self.k = parts, readable, bounds, k
+    def __init__(self, tenancy: Tenancy, prepared: np.ndarray, tenants: np.ndarray, k: int):
+        self.tenancy, self.prepared, self.tenants = tenancy, prepared, tenants
+        self.dtype = tenancy.store.lists.dtype
         self.ids = np.full((len(prepared), k), -1, np.int64)
         self.dist = np.full((len(prepared), k), np.inf, np.float32)  # padded as search pads
+        element = self.dtype["vector"].base
+        empty = np.zeros(0, np.float32 if element == np.float16 else element)
+        self.words = [_NO_WORDS, _NO_WORDS, _NO_WORDS]
+        self.values = [empty, np.zeros(0, np.uint8), empty]
+        codes_bytes = tenancy.store.codes.rec_bytes
+        self.rec_bytes = np.array([self.dtype.itemsize, codes_bytes, self.dtype.itemsize])
+
+    def lay_out(
+        self, union: np.ndarray, compact: np.ndarray, runs: PostingRead | None,
+        twins: PostingRead | None, ptr: np.ndarray, part_of: np.ndarray,
+    ) -> None:  # fmt: skip
+        self.u_src = np.where(compact, _TWINS, _RUNS).astype(np.int64)
+        self.u_off = np.zeros(len(union), np.int64)
+        self.u_cnt = np.zeros(len(union), np.int64)
+        for source, read, where in ((_RUNS, runs, ~compact), (_TWINS, twins, compact)):
+            if read is not None:
+                self.u_off[where], self.u_cnt[where] = read.byte_offsets, read.counts
+                self._source(source, read.buffer)
+        self.part_ptr, self.part_of = ptr.astype(np.int64), part_of.astype(np.int64)
+
+    def _source(self, source: int, raw: np.ndarray) -> None:
+        self.words[source] = raw.view(np.uint64)
+        if source == _TWINS:
+            self.values[source] = raw
+            return
+        element = self.dtype["vector"].base
+        values = raw.view(element)  # float16: widened in place of (numba has no float16)
+        self.values[source] = values.astype(np.float32) if element == np.float16 else values
+
+    def add_pending(self, records: np.ndarray, pending: dict[int, np.ndarray]) -> None:
+        """One more part per tenant with pending grants: its home copies, after its
+        shortlists, for each of its queries."""
+        if not pending:
+            return
+        theirs = [
+            records[np.isin(records["id"], ids, assume_unique=True)] for ids in pending.values()
+        ]
+        counts = np.array([len(r) for r in theirs], np.int64)
+        raw = np.ascontiguousarray(np.concatenate(theirs)).view(np.uint8)
+        self._source(_PENDING, np.concatenate([raw, np.zeros(8, np.uint8)]))
+        first = len(self.u_src)
+        self.u_src = np.concatenate([self.u_src, np.full(len(theirs), _PENDING)])
+        starts = (np.cumsum(counts) - counts) * self.dtype.itemsize
+        self.u_off = np.concatenate([self.u_off, starts])
+        self.u_cnt = np.concatenate([self.u_cnt, counts])
+        extra = np.full(len(self.tenants), -1, np.int64)
+        for i, tenant in enumerate(pending):
+            extra[self.tenants == tenant] = first + i
+        has = extra >= 0
+        self.part_of = np.insert(self.part_of, self.part_ptr[1:][has], extra[has])
+        self.part_ptr = self.part_ptr + np.concatenate([[0], np.cumsum(has)])
+
+    def check(self) -> None:
+        """Every record's id, and whether its query's tenant may read it now."""
+        part_counts = self.u_cnt[self.part_of]
+        self.rec_ptr = np.concatenate([[0], np.cumsum(part_counts)])[self.part_ptr]
+        total = int(self.rec_ptr[-1])
+        self.rec_ids = np.empty(total, np.int64)
+        versions = np.empty(total, np.uint32)
+        words = self.words
+        tenant_kernels.gather(
+            self.part_ptr, self.part_of, self.u_src, self.u_off, self.u_cnt, words[_RUNS],
+            words[_TWINS], words[_PENDING], self.rec_bytes, self.rec_ids, versions,
+        )  # fmt: skip
+        owners = np.repeat(self.tenants, np.diff(self.rec_ptr))
+        self.readable = self.tenancy.table.readable_by(self.rec_ids, versions, owners)
+
+    def prepare_scoring(self, codec: Any) -> None:
+        queries = np.ascontiguousarray(self.prepared, np.float32)
+        self.queries = queries
+        if codec is None:
+            self.scaled, self.bias = queries[:0], np.zeros(0, np.float32)
+        else:
+            self.scaled = np.ascontiguousarray(queries * codec.step, np.float32)
+            self.bias = (queries @ codec.low).astype(np.float32)
 
     def rows(self, first: int, stop: int) -> None:
-        k, codec, bounds = self.k, self.codec, self.bounds
-        for q in range(first, stop):
-            keep = self.readable[bounds[q] : bounds[q + 1]]
-            if not keep.any():
-                continue
-            query, mine = self.prepared[q], self.parts[q]
-            terms = codec.query_terms(query) if codec is not None else None
-            scored = [self._distances(query, terms, part) for part in mine]
-            if len(mine) == 1:
-                ids, dist = mine[0]["id"][keep], scored[0][keep]
-            else:
-                ids = np.concatenate([part["id"] for part in mine])[keep]
-                dist = np.concatenate(scored)[keep]
-            found_ids, found_dist = _nearest(ids, dist, k)
-            self.ids[q, : len(found_ids)], self.dist[q, : len(found_ids)] = found_ids, found_dist
-
-    def _distances(
-        self, query: np.ndarray, terms: tuple[np.ndarray, float] | None, part: np.ndarray
-    ) -> np.ndarray:
-        if terms is not None and part.dtype["vector"].base == np.uint8:
-            assert self.codec is not None
-            return self.codec.distances(terms, part["vector"])
-        return distances(self.metric, query, part["vector"]).astype(np.float32, copy=False)
-
-
-def _nearest(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` nearest distinct ids (a re-granted id may sit twice: pending and placed, or
-    a stale and a new record of one run)."""
-    if len(dist) > 2 * k:
-        near = np.argpartition(dist, 2 * k)[: 2 * k]
-        order = near[np.argsort(dist[near], kind="stable")]
-        top = ids[order].tolist()
-        if len(set(top)) == len(top):  # no copies among the 2k nearest: the first k
-            return ids[order[:k]], dist[order[:k]]
-        found = _nearest_distinct(ids[near], dist[near], k)
-        if len(found[0]) == k:  # else copies of one id crowded the front: take them all
-            return found
-    return _nearest_distinct(ids, dist, k)
-
-
-def _nearest_distinct(ids: np.ndarray, dist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(dist, kind="stable")
-    _, first = np.unique(ids[order], return_index=True)  # a re-granted id may sit twice
-    best = order[np.sort(first)][:k]
-    return ids[best], dist[best]
+        tenant_kernels.score(
+            first, stop, self.part_ptr, self.part_of, self.u_src, self.u_off, self.u_cnt,
+            self.rec_ptr, self.readable, self.rec_ids, self.values[_RUNS],
+            self.values[_PENDING], self.dtype["vector"].base.itemsize, self.values[_TWINS],
+            self.rec_bytes, self.queries, self.scaled, self.bias,
+            self.tenancy.metric is Metric.L2, self.ids, self.dist,
+        )  # fmt: skip
