@@ -1,5 +1,5 @@
-"""Early flushes of single requests: when a wave of completions leaves the device under half
-its queue depth, the callers it resumes hand their next requests to the kernel every
+"""Early flushes of single requests: when a wave of completions leaves fewer requests on the
+device than it resumes callers, those callers hand their next requests to the kernel every
 ``EARLY_FLUSH_CALLERS`` callers, not all at the end of the loop pass; small waves keep the one
 flush at the end. Page-cache reads complete inside the submitting call, so a wave of N reads
 submitted together is reaped as one wave of N with nothing else in flight."""

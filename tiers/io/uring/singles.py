@@ -229,14 +229,15 @@ class SinglesMixin(IOEngine):
     def _settle_singles(self, ids: list[int], results: list[int]) -> None:
         """Finish singles that moved all they asked: what ``_single_done`` does, in one pass.
 
-        When the device holds under half the queue depth, a flush is queued after every
+        When the device holds fewer requests than this wave resumes (most of the callers'
+        requests wait on Python, not on the device), a flush is queued after every
         ``EARLY_FLUSH_CALLERS`` resumed callers: the requests they make next reach the kernel
         before the rest of the wave runs, instead of all at the end of the loop pass.
         """
         recs = self._single_recs
         read_bytes = written_bytes = 0
         every = EARLY_FLUSH_CALLERS
-        if len(ids) <= every or self._inflight >= self.queue_depth // 2:
+        if len(ids) <= every or self._inflight >= len(ids):
             every = 0  # a small wave, or a fed device: one flush after them all is enough
         resumed = 0
         for single_id, result in zip(ids, results, strict=True):
