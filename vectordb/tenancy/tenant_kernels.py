@@ -91,64 +91,69 @@ def walk(  # type: ignore[no-untyped-def,unused-ignore]
 
 @njit(nogil=True, cache=True)
 def gather(  # type: ignore[no-untyped-def,unused-ignore]
-    part_ptr, part_of, u_src, u_off, u_cnt, words0, words1, words2, rec_bytes, ids, versions
+    parts, part_of, part_query, u_src, u_off, u_cnt, words0, words1, words2, rec_bytes,
+    tenants, ids, versions, owners,
 ):  # fmt: skip
-    """Fill ``ids`` and ``versions`` with every record of every query's parts, in order."""
+    """Fill ``ids``, ``versions`` and ``owners`` (the part's query's tenant) with every
+    record of ``parts``, in order; returns how many."""
     j = 0
-    for q in range(len(part_ptr) - 1):
-        for p in range(part_ptr[q], part_ptr[q + 1]):
-            u = part_of[p]
-            src = u_src[u]
-            words = words0 if src == 0 else (words1 if src == 1 else words2)
-            size = rec_bytes[src]
-            w = u_off[u] // 8
-            step = size // 8
-            for _ in range(u_cnt[u]):
-                ids[j] = np.int64(words[w])
-                versions[j] = np.uint32(words[w + 1] & np.uint64(0xFFFFFFFF))
-                j += 1
-                w += step
+    for p in parts:
+        u = part_of[p]
+        src = u_src[u]
+        words = words0 if src == 0 else (words1 if src == 1 else words2)
+        size = rec_bytes[src]
+        w = u_off[u] // 8
+        step = size // 8
+        tenant = tenants[part_query[p]]
+        for _ in range(u_cnt[u]):
+            ids[j] = np.int64(words[w])
+            versions[j] = np.uint32(words[w + 1] & np.uint64(0xFFFFFFFF))
+            owners[j] = tenant
+            j += 1
+            w += step
     return j
 
 
 # no nnan / ninf: the top lists are padded with inf
 @njit(nogil=True, fastmath={"reassoc", "contract", "arcp", "nsz"}, cache=True)
 def score(  # type: ignore[no-untyped-def,unused-ignore]
-    first_query, stop_query, part_ptr, part_of, u_src, u_off, u_cnt, rec_ptr, readable, ids,
-    values0, values2, elem_bytes, codes, rec_bytes, queries, scaled, bias, l2, out_ids, out_dist,
+    parts, part_of, part_query, u_src, u_off, u_cnt, readable, ids, values0, values2,
+    elem_bytes, codes, rec_bytes, queries, scaled, bias, l2, out_ids, out_dist, filled,
 ):  # fmt: skip
-    """Rows ``first_query .. stop_query - 1`` of ``out_ids`` / ``out_dist`` (k columns,
-    pre-filled with -1 / inf)."""
+    """Offer every readable record of ``parts`` (``readable`` and ``ids`` in gather's
+    order) to its query's row of ``out_ids`` / ``out_dist`` (k columns, pre-filled with -1 /
+    inf; ``filled[q]`` entries held)."""
     k = out_ids.shape[1]
     dim = queries.shape[1]
-    for q in range(first_query, stop_query):
+    j = 0
+    for p in parts:
+        q = part_query[p]
         top_id = out_ids[q]
         top_d = out_dist[q]
         query = queries[q]
-        n = 0
-        j = rec_ptr[q]
-        for p in range(part_ptr[q], part_ptr[q + 1]):
-            u = part_of[p]
-            src = u_src[u]
-            size = rec_bytes[src]
-            at = u_off[u] + _VECTOR_BYTES_AT
-            for _ in range(u_cnt[u]):
-                if not readable[j]:
-                    j += 1
-                    at += size
-                    continue
-                vid = ids[j]
+        n = filled[q]
+        u = part_of[p]
+        src = u_src[u]
+        size = rec_bytes[src]
+        at = u_off[u] + _VECTOR_BYTES_AT
+        for _ in range(u_cnt[u]):
+            if not readable[j]:
                 j += 1
-                # slices, not ``values[at + d]``: a slice's loop is vectorised (~10x here)
-                if src == 1:
-                    dist = -(_dot(codes[at : at + dim], scaled[q]) + bias[q])
-                else:
-                    values = values0 if src == 0 else values2
-                    first = at // elem_bytes
-                    vector = values[first : first + dim]
-                    dist = _l2(vector, query) if l2 else -_dot(vector, query)
                 at += size
-                n = _offer(top_id, top_d, n, k, vid, dist)
+                continue
+            vid = ids[j]
+            j += 1
+            # slices, not ``values[at + d]``: a slice's loop is vectorised (~10x here)
+            if src == 1:
+                dist = -(_dot(codes[at : at + dim], scaled[q]) + bias[q])
+            else:
+                values = values0 if src == 0 else values2
+                first = at // elem_bytes
+                vector = values[first : first + dim]
+                dist = _l2(vector, query) if l2 else -_dot(vector, query)
+            at += size
+            n = _offer(top_id, top_d, n, k, vid, dist)
+        filled[q] = n
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "arcp", "nsz"}, cache=True)

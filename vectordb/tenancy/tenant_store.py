@@ -51,16 +51,11 @@ _POSITION_MASK = (1 << POSITION_BITS) - 1
 _HOME_BLOCK_BYTES = 256 << 10
 
 
-async def _landed_read(read: PostingRead) -> PostingRead:
-    """``read`` once every group landed, verified."""
+async def _landed(read: PostingRead, n: int) -> list[np.ndarray]:
     async with aclosing(read.groups()) as groups:
         async for _ in groups:
             pass
-    return read
-
-
-async def _landed(read: PostingRead, n: int) -> list[np.ndarray]:
-    return (await _landed_read(read)).views(0, n)
+    return read.views(0, n)
 
 
 def location_versions(locations: np.ndarray) -> np.ndarray:
@@ -232,15 +227,16 @@ class TenantStore:
         """``start_views`` of the twins (call ``twins`` first, in the same loop turn)."""
         return _landed(self.codes.begin_read(np.asarray(pids, np.int64)), len(pids))
 
-    def start_run_read(self, pids: np.ndarray, n_groups: int = 1) -> Awaitable[PostingRead]:
-        """``start_views``, landed as the read itself (its buffer, each list's byte offset
-        and count: a batch search scores records where they are). ``n_groups``: reads of
-        about equal pages, each checked as it lands while the others are in flight."""
-        return _landed_read(self.lists.begin_read(np.asarray(pids, np.int64), n_groups))
+    def begin_runs(self, pids: np.ndarray, n_groups: int = 1) -> PostingRead:
+        """The runs of ``pids`` read as ``start_views`` reads them (directory taken and
+        reads submitted now), handed over as the read itself: its buffer, each list's byte
+        offset and count, and ``groups()`` to await (each group checked as it lands) -- a
+        batch search scores records where they are, group by group."""
+        return self.lists.begin_read(np.asarray(pids, np.int64), n_groups)
 
-    def start_twin_read(self, pids: np.ndarray, n_groups: int = 1) -> Awaitable[PostingRead]:
-        """``start_run_read`` of the twins (call ``twins`` first, in the same loop turn)."""
-        return _landed_read(self.codes.begin_read(np.asarray(pids, np.int64), n_groups))
+    def begin_twins(self, pids: np.ndarray, n_groups: int = 1) -> PostingRead:
+        """``begin_runs`` of the twins (call ``twins`` first, in the same loop turn)."""
+        return self.codes.begin_read(np.asarray(pids, np.int64), n_groups)
 
     def run_count(self, pid: int) -> int:
         return int(self.lists.count[pid])
