@@ -80,7 +80,9 @@ QUICK = Plan(
     {
         "ours": ["16", "32", "64", "128", "256", "512", "1024", "2048", "default"],
         "shared_filter": ["1"],
-        "faiss_ivf_filter": ["2", "4", "8", "16", "32", "64", "128", "256"],
+        # to 512: filtered IVF reaches recall 0.9 on debian-minilm's < 0.1% class only past
+        # 256 (the small key joins the two classes; the table shows each class's own point)
+        "faiss_ivf_filter": ["2", "4", "8", "16", "32", "64", "128", "256", "512"],
     },
     20,
     20.0,
