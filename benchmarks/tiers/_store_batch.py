@@ -1,10 +1,15 @@
 """NvmeTier batches against fio: get_many vs randread at QD32, group-committed puts vs fsync'd
 writes.
 
-* **get_many**: ``GET_LANES`` loops, each calling ``get_many`` of ``GET_BATCH`` (32) uniformly
-  random keys into caller buffers, back to back; against ``fio --rw=randread --iodepth=32
-  --direct=1`` at the same block size (4 KiB, 64 KiB) over a file of the same total size. A
-  4 KiB object is a bare 4 KiB record, so both sides move the same bytes per object.
+* **get_many**: ``GET_LANES`` (4) loops, each calling ``get_many`` of ``GET_BATCH`` (32)
+  uniformly random keys into caller buffers, back to back, on a tier whose engine holds at most
+  ``GET_QUEUE_DEPTH`` (32) requests in flight (``batch_tiers``); against ``fio --rw=randread
+  --iodepth=32 --direct=1`` at the same block size (4 KiB, 64 KiB) over a file of the same total
+  size. So both sides have at most 32 reads in flight: fio keeps 32 going from one job, the tier
+  from batches queued behind its full ring (until 2026-11-27: 2 loops on the runtime's engine of
+  depth 128, up to 64 in flight, ~40 on average at the device, and each loop idle between its
+  slowest read and its next batch). A 4 KiB object is a bare 4 KiB record, so both sides move
+  the same bytes per object.
 * **puts**: ``put_many`` of ``PUT_BATCH`` 4 KiB objects back to back, and ``PUT_TASKS``
   concurrent single ``put`` loops (group commit: shared fdatasyncs and catalog commits), in
   objects acknowledged durable per second; against ``fio --rw=randwrite --bs=4k --iodepth=1
@@ -17,8 +22,10 @@ the writes), the one going first alternating by round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +34,13 @@ import numpy as np
 
 from benchmarks.common.fio import fio_command, parse_fio_json
 from benchmarks.common.measure import KIB, Config
-from tiers.io import aligned_empty
+from tiers.io import IORuntime, aligned_empty
 from tiers.nvme import NvmeTier
 
 GET_BATCH = 32
-GET_LANES = 2  # a second lane keeps the device busy while the first checks its batch
+GET_LANES = 4  # batches queued behind the engine's full ring while the others' callers run
+GET_QUEUE_DEPTH = 32  # the engine's cap on requests in flight: fio's iodepth
+PATHS_LANES = 2  # get_many_rate's default: read_paths' A/Bs (depth 128) as they were defined
 GET_SIZES = (4 * KIB, 64 * KIB)
 PUT_BATCH = 256
 PUT_TASKS = 64
@@ -44,6 +53,32 @@ class BatchSample:
     size_bytes: int
     round_index: int
     per_s: float  # objects (or fio I/Os) per second
+
+
+@contextlib.asynccontextmanager
+async def batch_tiers(
+    directory: Path, capacity_bytes: int, runtime: IORuntime
+) -> AsyncIterator[tuple[NvmeTier, NvmeTier]]:
+    """(the get tier, the put tier) under ``directory``: the gets on a runtime of their own
+    whose engine holds at most GET_QUEUE_DEPTH requests in flight, the puts on ``runtime``'s
+    engine as before (its depth is not what the put figures compare)."""
+    get_runtime = IORuntime(queue_depth=GET_QUEUE_DEPTH)
+    try:
+        gets = await NvmeTier.open(
+            "nvme", capacity_bytes, directory / "gets", runtime=get_runtime, create=True
+        )
+        try:
+            puts = await NvmeTier.open(
+                "nvme", capacity_bytes, directory / "puts", runtime=runtime, create=True
+            )
+            try:
+                yield gets, puts
+            finally:
+                await puts.aclose()
+        finally:
+            await gets.aclose()
+    finally:
+        get_runtime.close()
 
 
 def batch_counts(mode: str) -> dict[int, int]:
@@ -67,8 +102,10 @@ def _key(size: int, index: int) -> str:
     return f"b{size}-{index:07d}"
 
 
-async def get_many_rate(tier: NvmeTier, size: int, count: int, seconds: float, seed: int) -> float:
-    """Objects per second of GET_LANES loops of get_many(GET_BATCH keys) for ``seconds``."""
+async def get_many_rate(
+    tier: NvmeTier, size: int, count: int, seconds: float, seed: int, lanes: int = PATHS_LANES
+) -> float:
+    """Objects per second of ``lanes`` loops of get_many(GET_BATCH keys) for ``seconds``."""
     keys = [_key(size, i) for i in range(count)]
     done = [0]
     stop = time.perf_counter() + seconds
@@ -84,7 +121,7 @@ async def get_many_rate(tier: NvmeTier, size: int, count: int, seconds: float, s
             done[0] += GET_BATCH
 
     started = time.perf_counter()
-    await asyncio.gather(*(lane(i) for i in range(GET_LANES)))
+    await asyncio.gather(*(lane(i) for i in range(lanes)))
     return done[0] / (time.perf_counter() - started)
 
 
@@ -131,7 +168,8 @@ def fio_rate(
 
 
 async def batch_round(
-    tier: NvmeTier,
+    get_tier: NvmeTier,
+    put_tier: NvmeTier,
     fio: str,
     fio_path: Path,
     put_path: Path,
@@ -156,8 +194,9 @@ async def batch_round(
     for size in GET_SIZES:
 
         async def gets(size: int = size) -> None:
-            await get_many_rate(tier, size, counts[size], warmup_s, round_index)  # warm-up
-            rate = await get_many_rate(tier, size, counts[size], seconds, 100 + round_index)
+            n = counts[size]
+            await get_many_rate(get_tier, size, n, warmup_s, round_index, GET_LANES)  # warm-up
+            rate = await get_many_rate(get_tier, size, n, seconds, 100 + round_index, GET_LANES)
             samples.append(BatchSample("get_many", size, round_index, rate))
 
         def reads(size: int = size) -> None:
@@ -168,7 +207,7 @@ async def batch_round(
         await pair(gets, reads)
 
     async def puts() -> None:
-        many, single = await put_rates(tier, seconds, round_index)
+        many, single = await put_rates(put_tier, seconds, round_index)
         samples.append(BatchSample("put_many", PUT_SIZE, round_index, many))
         samples.append(BatchSample("puts_concurrent", PUT_SIZE, round_index, single))
 

@@ -24,7 +24,13 @@ from benchmarks.common.measure import (
 )
 from benchmarks.common.paths import OUT_DIR
 from benchmarks.common.scratch import remove_at_exit
-from benchmarks.tiers._store_batch import batch_counts, batch_figures, batch_round, fill
+from benchmarks.tiers._store_batch import (
+    batch_counts,
+    batch_figures,
+    batch_round,
+    batch_tiers,
+    fill,
+)
 from benchmarks.tiers._store_lru_peer import (
     POLICIES as PEER_POLICIES,
 )
@@ -175,21 +181,21 @@ async def _batches(plan: Plan, out_dir: Path, fio: str, fio_path: Path, runtime:
     shutil.rmtree(directory, ignore_errors=True)
     put_path = remove_at_exit(out_dir / "tiers_fio_fsync.dat", False)
     capacity = sum(size * n for size, n in counts.items()) * 2 + 256 * MIB
-    tier = await NvmeTier.open("nvme", capacity, directory, runtime=runtime, create=True)
     samples = []
     try:
-        await fill(tier, counts)
-        for r in range(plan.rounds):
-            got = await batch_round(
-                tier, fio, fio_path, put_path, counts, r, plan.warmup_s, plan.duration_s
-            )
-            for s in got:
-                what = f"{s.what:>16} {s.size_bytes // 1024:>3} KiB"
-                log(f"[batch round {r + 1}/{plan.rounds}] {what}: {s.per_s:10,.0f} /s")
-            samples += got
-        notes = {k: tier.stats()[k] for k in ("fdatasyncs", "fdatasync_waits", "catalog_commits")}
+        async with batch_tiers(directory, capacity, runtime) as (gets, puts):
+            await fill(gets, counts)
+            for r in range(plan.rounds):
+                got = await batch_round(
+                    gets, puts, fio, fio_path, put_path, counts, r, plan.warmup_s, plan.duration_s
+                )
+                for s in got:
+                    what = f"{s.what:>16} {s.size_bytes // 1024:>3} KiB"
+                    log(f"[batch round {r + 1}/{plan.rounds}] {what}: {s.per_s:10,.0f} /s")
+                samples += got
+            stats = puts.stats()
+            notes = {k: stats[k] for k in ("fdatasyncs", "fdatasync_waits", "catalog_commits")}
     finally:
-        await tier.aclose()
         shutil.rmtree(directory, ignore_errors=True)
         put_path.unlink(missing_ok=True)
     return {"figures": batch_figures(samples), "notes": notes}
