@@ -184,7 +184,8 @@ async def _batches(plan: Plan, out_dir: Path, fio: str, fio_path: Path, runtime:
     samples = []
     try:
         async with batch_tiers(directory, capacity, runtime) as (gets, puts):
-            await fill(gets, counts)
+            for tier in (gets, puts):  # the puts' tier holds the same objects as before
+                await fill(tier, counts)
             for r in range(plan.rounds):
                 got = await batch_round(
                     gets, puts, fio, fio_path, put_path, counts, r, plan.warmup_s, plan.duration_s
