@@ -141,6 +141,12 @@ class Catalog:
         self.next_version += 1
         return version
 
+    def take_versions(self, count: int) -> int:
+        """The first of ``count`` new consecutive version numbers (as ``take_version``)."""
+        first = self.next_version
+        self.next_version += count
+        return first
+
     async def apply(self, key: str, entry: CatalogEntry | None) -> None:
         """Durably set ``key`` to ``entry`` (None: delete it); returns after the commit.
 

@@ -33,6 +33,7 @@ from tiers.io.buffers import aligned_empty, as_buffer
 from tiers.io.engine import FileHandle, IOEngine
 from tiers.io.errors import CorruptionError, InvalidArgumentError, StorageError
 from tiers.nvme.catalog import CatalogEntry
+from tiers.nvme.checksums import crc32_many
 from tiers.nvme.chunks import check_window, pack_chunks, sum_chunks, table_crc
 from tiers.nvme.format import check_bare, check_payload, record_bytes, write_bare, write_record
 
@@ -98,10 +99,7 @@ class RecordIO:
                 crcs = await self.run_cpu(_stage_all, buffer, writes, starts, totals)
             else:
                 crcs = _stage_all(buffer, writes, starts, totals)
-            rows = [
-                (w.file, w.offset, s, t) for w, s, t in zip(writes, starts, totals, strict=True)
-            ]
-            await self._transfer(WRITE, buffer, rows)
+            await self._transfer(WRITE, buffer, _merged(writes, starts, totals))
         finally:
             self.buffers.give(buffer)
         self.bytes_written += sum(totals)
@@ -177,9 +175,34 @@ class RecordIO:
         )
 
 
+def _merged(
+    writes: list[RecordWrite], starts: list[int], totals: list[int]
+) -> list[tuple[FileHandle, int, int, int]]:
+    """Write rows (file, file offset, buffer offset, bytes), a record that follows the one
+    before it both in its file and in the buffer joined to it: a batch of extents laid end to
+    end (ExtentSpace.allocate_many) goes out as one request, not one per record."""
+    rows: list[tuple[FileHandle, int, int, int]] = []
+    file: FileHandle | None = None
+    offset = start = size = 0
+    for w, at, total in zip(writes, starts, totals, strict=True):
+        if w.file == file and w.offset == offset + size and at == start + size:
+            size += total
+            continue
+        if file is not None:
+            rows.append((file, offset, start, size))
+        file, offset, start, size = w.file, w.offset, at, total
+    if file is not None:
+        rows.append((file, offset, start, size))
+    return rows
+
+
 def _stage_all(
     buffer: np.ndarray, writes: list[RecordWrite], starts: list[int], totals: list[int]
 ) -> list[tuple[int, bytes]]:
+    if all(w.bare for w in writes):
+        bare = _stage_bare(buffer, writes, starts, totals)
+        if bare is not None:
+            return bare
     sums: list[tuple[int, bytes]] = []
     for w, start, total in zip(writes, starts, totals, strict=True):
         record = buffer[start : start + total]
@@ -195,6 +218,20 @@ def _stage_all(
         else:
             sums.append((write_record(record, w.payload, w.version, w.key_hash), b""))
     return sums
+
+
+def _stage_bare(
+    buffer: np.ndarray, writes: list[RecordWrite], starts: list[int], totals: list[int]
+) -> list[tuple[int, bytes]] | None:
+    """_stage_all of bare records: copy every payload, then sum the copies in one batched
+    CRC call (~0.15 us a 4 KiB record, not ~1.5 us for zlib's); None without libdeflate."""
+    for w, start, total in zip(writes, starts, totals, strict=True):
+        buffer[start : start + total] = w.payload
+    base = as_buffer(buffer).address
+    crcs = crc32_many(np.asarray(starts, np.int64) + base, np.asarray(totals, np.int64))
+    if crcs is None:
+        return None
+    return [(crc, b"") for crc in crcs.tolist()]
 
 
 def _check_all(

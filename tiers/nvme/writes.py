@@ -39,7 +39,7 @@ from tiers.nvme.chunks import chunk_log2_for
 from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.records import RecordIO, RecordWrite
-from tiers.nvme.space import ExtentSpace
+from tiers.nvme.space import FILE_STRIDE_BYTES, ExtentSpace
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.tier import check_key
 
@@ -116,9 +116,10 @@ class NvmeWrites:
         held = sorted(items)
         await self._key_locks.acquire(held)
         try:
-            old = {key: catalog.entries.get(key) for key in items}
-            had = {key: entry.size_bytes if entry else 0 for key, entry in old.items()}
-            reserve = sum(max(0, payload.nbytes - had[key]) for key, payload in items.items())
+            old = dict(zip(items, map(catalog.entries.get, items), strict=True))
+            reserve = 0
+            for payload, was in zip(items.values(), old.values(), strict=True):
+                reserve += max(0, payload.nbytes - (was.size_bytes if was is not None else 0))
             if catalog.used_bytes + self._reserved_bytes + reserve > self.capacity_bytes:
                 size = sum(p.nbytes for p in items.values())
                 raise CapacityError(
@@ -132,13 +133,15 @@ class NvmeWrites:
             finally:
                 self._reserved_bytes -= reserve
             del owners  # every payload has been copied into its record
-            for key in committed:
-                was = old[key]
-                if was is not None and key not in self._damaged:
-                    space.release(
-                        space.address_of(was.file_index, was.offset_bytes), self._entry_bytes(was)
-                    )
-                self._damaged.discard(key)
+            damaged = self._damaged
+            freed = [
+                (space.address_of(was.file_index, was.offset_bytes), self._entry_bytes(was))
+                for key in committed
+                if (was := old[key]) is not None and key not in damaged
+            ]
+            space.release_many(freed)
+            if damaged:
+                damaged.difference_update(committed)
             self.counters["puts"] += len(committed)
             if error is not None:
                 raise error
@@ -154,20 +157,10 @@ class NvmeWrites:
         extents: dict[str, tuple[int, int]] = {}  # key -> (address, bytes)
         committed: list[str] = []
         try:
-            for key, payload in items.items():
-                total = stored_bytes(payload.nbytes)
-                extents[key] = (await space.allocate(total), total)
-            writes = []
-            file_indexes = []
-            for key, payload in items.items():
-                file_index, file_offset = space.split(extents[key][0])
-                log2 = chunk_log2_for(payload.nbytes)
-                bare = not log2 and is_bare(payload.nbytes)
-                version = catalog.take_version()
-                file = space.files[file_index]
-                khash = 0 if bare or log2 else key_hash(key)  # stored in header records only
-                writes.append(RecordWrite(file, file_offset, payload, version, khash, bare, log2))
-                file_indexes.append(file_index)
+            totals = [stored_bytes(payload.nbytes) for payload in items.values()]
+            addresses = await space.allocate_many(totals)
+            extents = dict(zip(items, zip(addresses, totals, strict=True), strict=True))
+            writes, file_indexes = _record_writes(items, addresses, catalog, space)
             sums = await self._records.write_many(writes)
             files = {id(w.file): w.file for w in writes}
             await asyncio.gather(*(self._syncs.sync(file) for file in files.values()))
@@ -186,10 +179,8 @@ class NvmeWrites:
             committed = list(items)
             return committed, None
         finally:
-            done = set(committed)
-            for key, (address, total) in extents.items():
-                if key not in done:
-                    space.release(address, total)  # never named by the catalog: free at once
+            if not committed:  # never named by the catalog: free at once
+                space.release_many(list(extents.values()))
 
     async def _delete(self, key: str) -> bool:
         catalog, space = self._catalog, self._space
@@ -268,6 +259,33 @@ class KeyLocks:
                 turn.set_result(None)  # the key stays held, by that waiter now
                 return
         del self._held[key]
+
+
+def _record_writes(
+    items: dict[str, np.ndarray], addresses: list[int], catalog: Catalog, space: ExtentSpace
+) -> tuple[list[RecordWrite], list[int]]:
+    """(the RecordWrite of each item at its address, with a new version each, the file index
+    of each); the layout of a size is worked out once per batch, not once per object."""
+    writes: list[RecordWrite] = []
+    file_indexes: list[int] = []
+    layouts: dict[int, tuple[int, bool]] = {}  # payload bytes -> (chunk log2, bare)
+    version = catalog.take_versions(len(items))
+    files = space.files
+    for (key, payload), address in zip(items.items(), addresses, strict=True):
+        size = payload.nbytes
+        layout = layouts.get(size)
+        if layout is None:
+            log2 = chunk_log2_for(size)
+            layout = layouts[size] = (log2, not log2 and is_bare(size))
+        log2, bare = layout
+        file_index, file_offset = divmod(address, FILE_STRIDE_BYTES)
+        khash = 0 if bare or log2 else key_hash(key)  # stored in header records only
+        writes.append(
+            RecordWrite(files[file_index], file_offset, payload, version, khash, bare, log2)
+        )
+        file_indexes.append(file_index)
+        version += 1
+    return writes, file_indexes
 
 
 def _payload(data: Any) -> tuple[np.ndarray, Any]:

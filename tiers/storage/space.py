@@ -95,7 +95,29 @@ class GrowableSpace:
                     raise InvalidArgumentError(f"growth left no free run of {size}")
             return start
 
+    def try_allocate(self, size: int) -> int | None:
+        """Start of a free run of ``size`` units from the holes there are, or None (nothing
+        grows): a batch asks for one run for all its records before asking record by record."""
+        return self._allocator.allocate(size)
+
     # ----------------------------------------------------------------- frees
+    def free_many(self, runs: list[tuple[int, int]]) -> None:
+        """``free`` each (start, size) run now; runs that touch are merged first (one allocator
+        call for a batch's records laid end to end) unless a pin could name one of them."""
+        if self._pins:
+            for start, size in runs:
+                self.free(start, size)
+            return
+        merged_start, merged_end = -1, -1
+        for start, size in sorted(runs):
+            if start != merged_end:
+                if merged_end > merged_start:
+                    self._allocator.free(merged_start, merged_end - merged_start)
+                merged_start = start
+            merged_end = start + self._allocator.rounded(size)
+        if merged_end > merged_start:
+            self._allocator.free(merged_start, merged_end - merged_start)
+
     def free(self, start: int, size: int, *, deferred: bool = False) -> None:
         """Give a run back: now, at its last unpin, or (``deferred``) once this epoch is
         released."""

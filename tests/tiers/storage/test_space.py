@@ -1,6 +1,7 @@
 """GrowableSpace against a plain model that knows the state of every unit: a run handed out is
 made of free units only (never owned, pending in an epoch not yet released, or freed under a
-pin), the free count matches, and growth takes only what a request lacks."""
+pin), the free count matches, growth takes only what a request lacks, ``try_allocate`` finds a
+run whenever one is free, and ``free_many`` (merged runs) frees as ``free`` of each would."""
 
 from __future__ import annotations
 
@@ -69,6 +70,28 @@ class SpaceMachine(RuleBasedStateMachine):
             self.pending.append((start, size))
             self._set(start, size, "pending")
         else:
+            self._free(start, size)
+
+    @rule(size=st.integers(1, 60))
+    def try_allocate(self, size: int) -> None:
+        start = self.space.try_allocate(size)
+        rounded = -(-size // ALIGN) * ALIGN
+        if start is None:
+            runs = "".join("f" if unit == "free" else "." for unit in self.state).split(".")
+            assert max(map(len, runs), default=0) < rounded, f"a free run of {rounded} was missed"
+            return
+        assert set(self.state[start : start + rounded]) == {"free"}
+        self._set(start, rounded, "owned")
+        self.owned.append((start, rounded))
+
+    @precondition(lambda self: self.owned)
+    @rule(data=st.data())
+    def free_many(self, data: st.DataObject) -> None:
+        picks = data.draw(st.sets(st.integers(0, len(self.owned) - 1), min_size=1))
+        runs = [self.owned[i] for i in sorted(picks)]
+        self.owned = [run for i, run in enumerate(self.owned) if i not in picks]
+        self.space.free_many(runs)
+        for start, size in runs:
             self._free(start, size)
 
     @precondition(lambda self: self.owned)
