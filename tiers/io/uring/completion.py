@@ -139,10 +139,6 @@ class CompletionMixin(SubmissionMixin):
         if not counted:
             self._left[key] -= len(rows)
         if not self._left[key]:
-            self._end_batch(key)
-
-    def _end_batch(self, key: int) -> None:
-        """Batch ``key`` has no request left: free its key and complete it."""
-        batch = self._batches.pop(key)
-        self._free_keys.append(key)
-        self._complete(batch)
+            del self._batches[key]
+            self._free_keys.append(key)
+            self._complete(batch)

@@ -45,9 +45,6 @@ from tiers.io.uring.submission import WATCHDOG_S
 
 __all__ = ["UringEngine"]
 
-_address_of = ctypes.addressof
-_char_over: Any = ctypes.c_char.from_buffer
-
 
 _PROBED: list[str | None] = []  # the default Env's probe answer, once known
 
@@ -90,8 +87,6 @@ class UringEngine(CompletionMixin):
         self._batches: dict[int, IOBatch] = {}  # key -> batch with requests not yet finished
         self._left = np.zeros(64, np.int64)  # key -> requests of the batch not yet finished
         self._left[SINGLE_KEY] = 1 << 62  # singles are counted one by one, never "finished"
-        # key -> address of the batch's ``results`` (int64): the compiled loop writes them there
-        self._results_at = np.zeros(len(self._left), np.int64)
         self._free_keys = list(range(len(self._left) - 1, SINGLE_KEY, -1))
         self._pending: deque[list[Any]] = deque()  # [batch, first row not yet submitted, key]
         self._single_recs: dict[int, Any] = {}  # id -> a single request not yet finished
@@ -210,13 +205,10 @@ class UringEngine(CompletionMixin):
         if not self._free_keys:
             grown = len(self._left)
             self._left = np.concatenate((self._left, np.zeros(grown, np.int64)))
-            self._results_at = np.concatenate((self._results_at, np.zeros(grown, np.int64)))
             self._free_keys = list(range(2 * grown - 1, grown - 1, -1))
         key = self._free_keys.pop()
-        n = batch.pending = len(batch)
-        self._left[key] = n
-        if n:  # the batch keeps ``results`` (C-contiguous int64) alive until it completes
-            self._results_at[key] = _address_of(_char_over(batch.results))
+        batch.pending = len(batch)
+        self._left[key] = len(batch)
         self._batches[key] = batch
         self._pending.append([batch, 0, key])
         self._schedule_flush()

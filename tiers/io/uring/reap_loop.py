@@ -14,11 +14,8 @@ Contract of :func:`run_batch` (all arrays are the engine's, shared by reference)
 * refills free slots from rows ``state[ROW]`` .. ``n_rows - 1`` of one uniform batch (one opcode,
   one file: ``word0``; ``word3_hi`` holds rw_flags << 32), tagging each slot with ``key`` and
   row ``row_base + row`` (the engine's queue of single requests passes its first id there);
-* a CQE whose result equals the length asked is *ordinary*: ``left[key]`` drops by one and the slot
-  is freed at once; a batch's result is written straight into its ``IOBatch.results`` (int64, at
-  address ``results_at[key]``, index ``row``), and a batch whose ``left`` reaches 0 is appended to
-  ``finished`` (``state[NFIN]`` of them); a single's ``(key, id, result, slot)`` go to the
-  ``out_*`` arrays for Python to settle (``state[NOUT]``);
+* a CQE whose result equals the length asked is *ordinary*: its ``(key, row, result, slot)`` go to
+  the ``out_*`` arrays, ``left[key]`` drops by one and the slot is freed at once;
 * ``state[RESUMED]`` counts slots resuming a short transfer; it drops as they finish;
 * any other CQE (error, EOF, short, EAGAIN) is *unusual*: its slot and result go to ``odd_*``, the
   slot stays owned, and the loop stops so Python can handle it;
@@ -30,8 +27,7 @@ Contract of :func:`run_batch` (all arrays are the engine's, shared by reference)
   wait), so the device stays fed while Python runs.
 
 Concurrency: called only from the ring's thread (the ring is SINGLE_ISSUER); ``nogil``.
-Invariants: ``state`` = [sq tail, free slots, next row, out count, odd count, in flight, resumed,
-ordinary completions, finished batches].
+Invariants: ``state`` = [sq tail, free slots, next row, out count, odd count, in flight, resumed].
 Memory order: as in ``ring``: the kernel reads SQEs and posts CQEs only inside our enter.
 """
 
@@ -41,14 +37,13 @@ from typing import Any
 
 import numpy as np
 from numba import njit, types
-from numba.extending import intrinsic
 
-__all__ = ["ENTER_FAILED", "INFLIGHT", "NDONE", "NFIN", "NFREE", "NODD", "NOUT", "RESUMED", "ROW"]
-__all__ += ["SINGLE_KEY", "STATE_SIZE", "TAIL"]
+__all__ = ["ENTER_FAILED", "INFLIGHT", "NFREE", "NODD", "NOUT", "RESUMED", "ROW", "STATE_SIZE"]
+__all__ += ["SINGLE_KEY", "TAIL"]
 __all__ += ["run_batch"]
 
-TAIL, NFREE, ROW, NOUT, NODD, INFLIGHT, RESUMED, NDONE, NFIN = range(9)
-STATE_SIZE = 9
+TAIL, NFREE, ROW, NOUT, NODD, INFLIGHT, RESUMED = range(7)
+STATE_SIZE = 7
 ENTER_FAILED = -1
 SINGLE_KEY = 0  # as in ``singles``: every completion of this key is a caller that can run
 _SYS_IO_URING_ENTER = 426
@@ -56,19 +51,6 @@ _GETEVENTS = 1
 _MASK32 = 0xFFFFFFFF
 # syscall(2) by name: the JIT resolves it in this process's libc (see abi: varargs are ints)
 _syscall = types.ExternalFunction("syscall", types.int64(*([types.int64] * 7)))
-
-
-def _pointer_typing(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compile time
-    """The int64 array at ``address`` (an IOBatch's ``results``) as a pointer numba indexes."""
-    pointer = types.CPointer(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], context.get_value_type(pointer))
-
-    return pointer(types.int64), codegen
-
-
-_int64s_at: Any = intrinsic(_pointer_typing)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -87,14 +69,13 @@ def run_batch(
     ring_fd: int, sq_head: Any, sq_tail: Any, sq_mask: int, words: Any,
     cq_head: Any, cq_tail: Any, cq_mask: int, cqes: Any,
     slot_key: Any, slot_row: Any, slot_len: Any, slot_done: Any, free: Any, left: Any,
-    results_at: Any, finished_keys: Any,
     key: int, row_base: int, n_rows: int, offsets: Any, addresses: Any, lengths: Any,
     word0: int, word3_hi: int,
     out_key: Any, out_row: Any, out_res: Any, out_slot: Any, odd_slot: Any, odd_res: Any,
     state: Any, budget: int, wait: bool,
 ) -> int:  # fmt: skip
     tail, nfree, row, inflight, resumed = state[0], state[1], state[2], state[5], state[6]
-    nout, nodd, reaped, ndone, nfin = 0, 0, 0, 0, 0
+    nout, nodd, reaped = 0, 0, 0
     room = len(out_key) - len(cqes)  # a wave can never overflow the out arrays
     status = 0
     stop = False
@@ -141,24 +122,15 @@ def run_batch(
             n += 1
             if res == slot_len[slot]:
                 k = slot_key[slot]
+                out_key[nout] = k
+                out_row[nout] = slot_row[slot]
+                out_res[nout] = res + slot_done[slot]
                 if slot_done[slot]:
-                    res += slot_done[slot]
                     resumed -= 1
-                if k == SINGLE_KEY:
-                    out_key[nout] = k
-                    out_row[nout] = slot_row[slot]
-                    out_res[nout] = res
-                    out_slot[nout] = slot
-                    nout += 1
-                    finished = True
-                else:
-                    _int64s_at(results_at[k])[slot_row[slot]] = res
-                    left[k] -= 1
-                    if left[k] == 0:
-                        finished_keys[nfin] = k
-                        nfin += 1
-                        finished = True
-                ndone += 1
+                out_slot[nout] = slot
+                nout += 1
+                left[k] -= 1
+                finished |= left[k] == 0 or k == SINGLE_KEY
                 free[nfree] = slot
                 nfree += 1
                 inflight -= 1
@@ -170,7 +142,7 @@ def run_batch(
         reaped += n
         stop = finished or nodd > 0 or nout > room or reaped >= budget or row >= n_rows
         stop |= n == 0 and not wait
-    state[0], state[1], state[2], state[3], state[4], state[5], state[6], state[7], state[8] = (
-        tail, nfree, row, nout, nodd, inflight, resumed, ndone, nfin,
+    state[0], state[1], state[2], state[3], state[4], state[5], state[6] = (
+        tail, nfree, row, nout, nodd, inflight, resumed,
     )  # fmt: skip
     return status
