@@ -66,6 +66,7 @@ from tiers.nvme.catalog import Catalog
 from tiers.nvme.format import RECORD_ALIGNMENT_BYTES
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.marker import load_marker
+from tiers.nvme.put_gather import PutGather
 from tiers.nvme.reads import NvmeReads
 from tiers.nvme.records import RecordIO
 from tiers.nvme.space import ExtentSpace, default_file_bytes, extent_file_name
@@ -135,6 +136,7 @@ class NvmeTier(NvmeReads, NvmeWrites, Tier):
         self._bare_from = 1  # entries of this version and above may be bare (the marker)
         self._ops = OpGuard()
         self._key_locks = KeyLocks()
+        self._put_gather = PutGather(self._put_items, self._ops)
         self.counters = dict.fromkeys(("gets", "hits", "misses", "puts", "deletes"), 0)
         self.counters["corruptions"] = 0
         self.counters["fdatasyncs"] = 0

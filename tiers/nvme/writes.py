@@ -38,6 +38,7 @@ from tiers.nvme.catalog import Catalog, CatalogEntry
 from tiers.nvme.chunks import chunk_log2_for
 from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
 from tiers.nvme.group_sync import GroupSync
+from tiers.nvme.put_gather import PutGather
 from tiers.nvme.records import RecordIO, RecordWrite
 from tiers.nvme.space import FILE_STRIDE_BYTES, ExtentSpace
 from tiers.storage.op_guard import OpGuard
@@ -61,6 +62,7 @@ class NvmeWrites:
     _reserved_bytes: int
     _bare_from: int
     _key_locks: KeyLocks
+    _put_gather: PutGather
 
     _open_catalog: Callable[[], Catalog]  # NvmeTier's method (declared, defined there)
 
@@ -68,7 +70,7 @@ class NvmeWrites:
         check_key(key)
         self._open_catalog()
         payload, owner = _payload(data)
-        await self._ops.shielded(self._put_items({key: payload}, [owner]))
+        await self._put_gather.put(key, payload, owner)  # written with concurrent puts
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Store every (key, data) pair (a later pair of the same key wins) with one write
