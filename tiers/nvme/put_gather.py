@@ -1,9 +1,12 @@
 """PutGather: concurrent single puts of one NvmeTier written together, as one put_many.
 
-Callers who never heard of put_many still get its costs: a put that arrives while fewer than
+Callers who never heard of put_many still get its costs. A put that arrives while fewer than
 ``max_groups`` groups are being written starts a group at once (a lone put waits for what it
 waited for before: one write, one fdatasync, one commit); puts that arrive while ``max_groups``
-groups are in flight queue, and the first group to end starts the next with every queued put.
+groups are in flight queue, and the first group to end starts the next with the queued puts, in
+order, up to ``max_group_bytes`` (so one group's staging copy and CRCs stay short). NvmeWrites
+sends only small puts here: puts of 1 MiB and more go alone, as several in flight beat one
+large write.
 So 64 tasks each awaiting ``put`` cost a few writes, fdatasyncs and catalog commits per round
 instead of 64 of each (before, they shared the fdatasyncs and commits but not the writes, the
 allocations or the Python of a put, ~200 us of CPU each).
@@ -44,10 +47,13 @@ _Put = tuple[str, np.ndarray, Any, "asyncio.Future[None]"]
 class PutGather:
     """Groups of the concurrent ``put``s of one tier; ``groups`` counts the groups written."""
 
-    def __init__(self, write: Write, ops: OpGuard, max_groups: int = 2) -> None:
+    def __init__(
+        self, write: Write, ops: OpGuard, max_groups: int = 2, max_group_bytes: int = 8 << 20
+    ) -> None:
         self._write = write
         self._ops = ops
         self._max_groups = max_groups
+        self._max_group_bytes = max_group_bytes
         self._queue: list[_Put] = []
         self._running: set[asyncio.Task[None]] = set()
         self.groups = 0
@@ -59,12 +65,19 @@ class PutGather:
         """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((key, payload, owner, future))
-        if len(self._running) < self._max_groups:
+        while self._queue and len(self._running) < self._max_groups:
             self._start()
         await future
 
     def _start(self) -> None:
-        batch, self._queue = self._queue, []
+        queue, size = self._queue, 0
+        taken = 0
+        while taken < len(queue) and (
+            not taken or size + queue[taken][1].nbytes <= self._max_group_bytes
+        ):
+            size += queue[taken][1].nbytes
+            taken += 1
+        batch, self._queue = queue[:taken], queue[taken:]
         self._ops.enter()  # counted now: a close that starts before the task runs waits for it
         task = asyncio.ensure_future(self._run(batch))
         self._running.add(task)
@@ -73,7 +86,7 @@ class PutGather:
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._ops.leave()
-        if self._queue and len(self._running) < self._max_groups:
+        while self._queue and len(self._running) < self._max_groups:
             self._start()
 
     async def _run(self, batch: list[_Put]) -> None:

@@ -70,7 +70,10 @@ class NvmeWrites:
         check_key(key)
         self._open_catalog()
         payload, owner = _payload(data)
-        await self._put_gather.put(key, payload, owner)  # written with concurrent puts
+        if payload.nbytes < _GATHER_BELOW_BYTES:
+            await self._put_gather.put(key, payload, owner)  # written with concurrent puts
+        else:
+            await self._ops.shielded(self._put_items({key: payload}, [owner]))
 
     async def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Store every (key, data) pair (a later pair of the same key wins) with one write
@@ -303,3 +306,6 @@ def _payload(data: Any) -> tuple[np.ndarray, Any]:
 
 
 _EMPTY = np.empty(0, np.uint8)
+# Smaller puts are gathered (PutGather); larger ones go alone, several in flight: 16 concurrent
+# 16 MiB puts gathered wrote 0.4-1.8 GB/s against 0.9-3.2 GB/s alone (benchmarks.tiers.store).
+_GATHER_BELOW_BYTES = 1 << 20

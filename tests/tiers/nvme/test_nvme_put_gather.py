@@ -103,3 +103,24 @@ def test_two_puts_of_one_key_in_a_group_leave_the_later_one(tmp_path: Path) -> N
         await engine.aclose()
 
     asyncio.run(main())
+
+
+def test_a_group_stops_at_its_byte_cap_and_large_puts_go_alone(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = ThreadEngine(4)
+        tier = await _open(tmp_path, engine, capacity_bytes=32 << 20)
+        tier._put_gather._max_group_bytes = 64 * 1024
+        values = {f"k{i}": _data(16384, i) for i in range(18)}
+        await asyncio.gather(*(tier.put(key, value) for key, value in values.items()))
+        assert tier._put_gather.groups == 2 + 16 // 4  # two alone, then 4 x 16 KiB a group
+        large = {f"big{i}": _data(1 << 20, 50 + i) for i in range(3)}
+        await asyncio.gather(*(tier.put(key, value) for key, value in large.items()))
+        assert tier._put_gather.groups == 6  # 1 MiB and more: not gathered
+        values.update(large)
+        got = await tier.get_many(list(values))
+        assert [as_bytes(v) for v in got] == list(values.values())
+        assert_space_consistent(tier)
+        await tier.aclose()
+        await engine.aclose()
+
+    asyncio.run(main())
