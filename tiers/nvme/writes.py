@@ -1,11 +1,13 @@
 """NvmeWrites: the put, put_many and delete half of NvmeTier, with group commit.
 
-A put of one object and a put_many of many run the same steps, the many at once:
+A put of one object and a put_many of many run the same steps, the many at once (concurrent
+puts below 1 MiB are first gathered into groups that run them as one, tiers.nvme.put_gather):
 
 1. hold the per-key locks (KeyLocks: sorted, so two put_manys cannot deadlock), check the
    capacity for all of them and reserve it (a CapacityError changes nothing);
-2. allocate a free extent per object;
-3. stage every record and write them in one engine submission (RecordIO.write_many);
+2. allocate a free extent per object, end to end in one hole when one holds them all;
+3. stage every record and write them in one engine submission (RecordIO.write_many), records
+   that lie end to end as one request;
 4. fdatasync each extent file written, shared with every other put in flight (GroupSync);
 5. commit every catalog entry in one fsynced LMDB transaction (Catalog.apply_many); the
    catalog group-commits, so the entries of concurrent puts share transactions too;
