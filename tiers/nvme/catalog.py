@@ -137,9 +137,7 @@ class Catalog:
 
     def take_version(self) -> int:
         """A new version number for a put, unique across restarts once its entry commits."""
-        version = self.next_version
-        self.next_version += 1
-        return version
+        return self.take_versions(1)
 
     def take_versions(self, count: int) -> int:
         """The first of ``count`` new consecutive version numbers (as ``take_version``)."""

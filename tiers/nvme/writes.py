@@ -42,7 +42,7 @@ from tiers.nvme.format import is_bare, key_hash, record_bytes, stored_bytes
 from tiers.nvme.group_sync import GroupSync
 from tiers.nvme.put_gather import PutGather
 from tiers.nvme.records import RecordIO, RecordWrite
-from tiers.nvme.space import FILE_STRIDE_BYTES, ExtentSpace
+from tiers.nvme.space import ExtentSpace
 from tiers.storage.op_guard import OpGuard
 from tiers.storage.tier import check_key
 
@@ -161,12 +161,12 @@ class NvmeWrites:
         """Steps 2-5: (the keys committed, the first commit error). Whatever fails, the new
         extent of every key that did not commit is freed."""
         assert self._records is not None and self._syncs is not None
-        extents: dict[str, tuple[int, int]] = {}  # key -> (address, bytes)
+        taken: list[tuple[int, int]] = []  # (address, bytes) of each new extent
         committed: list[str] = []
         try:
             totals = [stored_bytes(payload.nbytes) for payload in items.values()]
             addresses = await space.allocate_many(totals)
-            extents = dict(zip(items, zip(addresses, totals, strict=True), strict=True))
+            taken = list(zip(addresses, totals, strict=True))
             writes, file_indexes = _record_writes(items, addresses, catalog, space)
             sums = await self._records.write_many(writes)
             files = {id(w.file): w.file for w in writes}
@@ -187,7 +187,7 @@ class NvmeWrites:
             return committed, None
         finally:
             if not committed:  # never named by the catalog: free at once
-                space.release_many(list(extents.values()))
+                space.release_many(taken)
 
     async def _delete(self, key: str) -> bool:
         catalog, space = self._catalog, self._space
@@ -285,7 +285,7 @@ def _record_writes(
             log2 = chunk_log2_for(size)
             layout = layouts[size] = (log2, not log2 and is_bare(size))
         log2, bare = layout
-        file_index, file_offset = divmod(address, FILE_STRIDE_BYTES)
+        file_index, file_offset = space.split(address)
         khash = 0 if bare or log2 else key_hash(key)  # stored in header records only
         writes.append(
             RecordWrite(files[file_index], file_offset, payload, version, khash, bare, log2)
